@@ -1,0 +1,65 @@
+/// \file oracle.h
+/// \brief The fp64 CPU reference: forward O and logsumexp L, backward dQ, dK, dV.
+///
+/// Everything is computed in double from the problem's (already rounded) inputs, on the
+/// rows asked for, so large problems can be checked on a sample of rows. Work is spread over
+/// the machine's cores.
+#ifndef FA_ORACLE_H_
+#define FA_ORACLE_H_
+
+#include <vector>
+
+#include "fa/problem.h"
+
+namespace fa {
+
+/// One row of one head: batch b, head h (a query head for Q rows, a key/value head for K
+/// rows), position s in the sequence.
+struct RowId {
+  int b;
+  int h;
+  int s;
+};
+
+/// Every query row of the problem (for small problems).
+std::vector<RowId> all_q_rows(const ProblemShape& shape);
+/// Every key row of the problem, over key/value heads.
+std::vector<RowId> all_kv_rows(const ProblemShape& shape);
+/// `count` query rows drawn with `seed`, always including the first and last row of the
+/// sequence; all rows if there are fewer than `count`.
+std::vector<RowId> sample_q_rows(const ProblemShape& shape, int count, uint64_t seed);
+/// `count` key rows drawn with `seed` (as sample_q_rows, over key/value heads).
+std::vector<RowId> sample_kv_rows(const ProblemShape& shape, int count, uint64_t seed);
+
+/// Result of reference_forward(): O and L of each requested query row, in order.
+struct ForwardRef {
+  std::vector<RowId> rows;
+  std::vector<double> o;    ///< rows.size() x d
+  std::vector<double> lse;  ///< rows.size()
+};
+/// Forward reference on the given query rows, in fp64:
+/// \f$ O_i = \sum_j P_{ij} V_j,\ P_{ij} = e^{S_{ij} - L_i},\ L_i = \log\sum_j e^{S_{ij}} \f$
+/// over the keys row i may see. A row that sees no key gets \f$O_i = 0\f$, \f$L_i = +\infty\f$.
+ForwardRef reference_forward(const HostProblem& p, const std::vector<RowId>& rows);
+
+/// Result of reference_backward(): dQ of each requested query row, dK and dV of each
+/// requested key row, in order.
+struct BackwardRef {
+  std::vector<RowId> q_rows;
+  std::vector<RowId> kv_rows;
+  std::vector<double> dq;  ///< q_rows.size() x d
+  std::vector<double> dk;  ///< kv_rows.size() x d
+  std::vector<double> dv;  ///< kv_rows.size() x d
+};
+/// Backward reference in fp64: dQ on `q_rows`, dK and dV on `kv_rows` (summed over the query
+/// heads that share each key/value head), with \f$s\f$ the softmax scale:
+/// \f$ dV_j = \sum_i P_{ij} dO_i,\ dP_{ij} = dO_i \cdot V_j,\ D_i = dO_i \cdot O_i,\f$
+/// \f$ dS_{ij} = P_{ij}(dP_{ij} - D_i),\ dQ_i = s \sum_j dS_{ij} K_j,
+/// \ dK_j = s \sum_i dS_{ij} Q_i \f$. L and D are computed exactly for every query row of the
+/// heads involved (a dK/dV row needs all query rows of its group), then only the requested rows.
+BackwardRef reference_backward(const HostProblem& p, const std::vector<RowId>& q_rows,
+                               const std::vector<RowId>& kv_rows);
+
+}  // namespace fa
+
+#endif  // FA_ORACLE_H_

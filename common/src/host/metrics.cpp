@@ -1,0 +1,83 @@
+/// \file metrics.cpp
+/// \brief Error statistics against the fp64 oracle, and the per-dtype bounds.
+#include "fa/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+namespace fa {
+
+ErrorStats compare(const float* out, const double* ref, size_t n) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  ErrorStats e;
+  e.count = n;
+  double err_sq = 0, ref_sq = 0, worst_err = -1;
+  for (size_t i = 0; i < n; ++i) {
+    const double o = out[i];
+    const double r = ref[i];
+    if (std::isinf(r) && o == r) continue;  // the same infinity (lse of a row with no key)
+    if (!std::isfinite(o) || !std::isfinite(r)) {
+      // NaN or inf where the reference is finite (or a finite value where it is infinite):
+      // an unwritten (poisoned) element or an overflow. Always a failure.
+      if (e.non_finite == 0) e.worst = i;
+      ++e.non_finite;
+      continue;
+    }
+    const double err = std::abs(o - r);
+    err_sq += err * err;
+    ref_sq += r * r;
+    e.ref_max = std::max(e.ref_max, std::abs(r));
+    if (e.non_finite == 0 && err > worst_err) {
+      worst_err = err;
+      e.worst = i;
+    }
+  }
+  if (e.non_finite > 0) {
+    e.max_abs = kInf;
+    e.rel_l2 = kInf;
+    return e;
+  }
+  e.max_abs = std::max(worst_err, 0.0);
+  if (ref_sq > 0) {
+    e.rel_l2 = std::sqrt(err_sq / ref_sq);
+  } else {
+    e.rel_l2 = err_sq > 0 ? kInf : 0.0;  // a zero reference must be matched exactly
+  }
+  return e;
+}
+
+// The numbers and their reasoning are documented on the declaration (metrics.h).
+Tolerance tolerance(fa_dtype dtype, Quantity what) {
+  const double eps = dtype == FA_BF16 ? 0x1.0p-7 : 0x1.0p-10;
+  switch (what) {
+    case Quantity::kOutput:
+      return {4 * eps, eps};
+    case Quantity::kLse:
+      return {1e-4, 1e-4};
+    case Quantity::kGradient:
+      return {16 * eps, 4 * eps};
+  }
+  return {0, 0};
+}
+
+bool within(const ErrorStats& e, const Tolerance& t) {
+  // Written as "<=" so that a NaN anywhere fails.
+  return e.non_finite == 0 && e.max_abs <= t.max_abs_rel * std::max(e.ref_max, 1.0) &&
+         e.rel_l2 <= t.rel_l2;
+}
+
+std::string describe(const ErrorStats& e, const Tolerance& t) {
+  char text[160];
+  std::snprintf(text, sizeof text, "max|out-ref| %.1e (bound %.1e)  rel_l2 %.1e (bound %.1e)",
+                e.max_abs, t.max_abs_rel * std::max(e.ref_max, 1.0), e.rel_l2, t.rel_l2);
+  std::string out(text);
+  if (e.non_finite > 0) {
+    std::snprintf(text, sizeof text, "  non-finite %zu (first at %zu)", e.non_finite, e.worst);
+    out += text;
+  }
+  return out;
+}
+
+}  // namespace fa

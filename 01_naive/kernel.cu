@@ -1,0 +1,211 @@
+/// \file 01_naive/kernel.cu
+/// \brief Step 01: standard attention, the way the papers write it before FlashAttention.
+///
+/// Three passes over device memory, for every (batch, head):
+/// 1. \f$S = \mathrm{scale}\cdot Q K^T\f$, an \f$N_q \times N_k\f$ fp32 matrix (cuBLAS);
+/// 2. \f$P = \mathrm{softmax}(S)\f$ row by row, causal mask applied here, written in the input
+///    dtype, with the logsumexp \f$L\f$ (one kernel, one thread block per row);
+/// 3. \f$O = P V\f$ (cuBLAS).
+/// S and P make \f$\Theta(N^2)\f$ bytes of device-memory traffic per head, against
+/// \f$\Theta(N d)\f$ for the inputs and the output: at N = 4096, d = 128 that is 32x more.
+/// This is the baseline every later step is measured against.
+///
+/// Run: `./build/bin/01_naive --seqlen 4096 --head-dim 128 --heads 16`
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "fa/check.cuh"
+#include "fa/step.h"
+
+namespace {
+
+/// Returns FA_ERR_CUDA from the enclosing launcher if a cuBLAS call fails.
+#define CUBLAS_TRY(call)                                                                  \
+  do {                                                                                    \
+    cublasStatus_t st_ = (call);                                                          \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                     \
+      return fa::set_error(FA_ERR_CUDA, "%s failed: %s", #call, cublasGetStatusString(st_)); \
+  } while (0)
+
+/// One cuBLAS handle per host thread and device, created on first use.
+cublasHandle_t cublas_handle() {
+  thread_local cublasHandle_t handles[64] = {};
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device < 0 || device >= 64) return nullptr;
+  if (!handles[device] && cublasCreate(&handles[device]) != CUBLAS_STATUS_SUCCESS)
+    handles[device] = nullptr;
+  return handles[device];
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+/// Max (or sum) of one float per thread over the whole thread block.
+template <bool kMax>
+__device__ float block_reduce(float x, float* scratch) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    float y = __shfl_xor_sync(0xffffffffu, x, offset);
+    x = kMax ? fmaxf(x, y) : x + y;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // scratch may still be read by the previous reduction
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  x = scratch[0];
+  for (int w = 1; w < blockDim.x / 32; ++w) x = kMax ? fmaxf(x, scratch[w]) : x + scratch[w];
+  return x;
+}
+
+constexpr int kSoftmaxThreads = 256;
+
+/// Row softmax of S, one thread block per row (i, h, b):
+/// \f$P_{ij} = e^{S_{ij} - m_i} / \ell_i\f$ with \f$m_i = \max_j S_{ij}\f$,
+/// \f$\ell_i = \sum_j e^{S_{ij} - m_i}\f$, and \f$L_i = m_i + \log \ell_i\f$.
+/// Under causal masking key j is visible iff \f$j \le i + N_k - N_q\f$; masked entries get
+/// \f$P_{ij} = 0\f$. A row that sees no key gets P = 0 (so O = 0) and \f$L_i = +\infty\f$.
+template <typename T>
+__global__ void __launch_bounds__(kSoftmaxThreads)
+    softmax_kernel(const float* __restrict__ s, T* __restrict__ p, float* __restrict__ lse,
+                   int heads, int seqlen_q, int seqlen_k, bool causal) {
+  __shared__ float scratch[kSoftmaxThreads / 32];
+  const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int64_t row = (static_cast<int64_t>(b) * heads + h) * seqlen_q + i;
+  const float* s_row = s + row * seqlen_k;
+  T* p_row = p + row * seqlen_k;
+  // Keys [0, visible) are unmasked: all of them, or a prefix under causal masking.
+  const int64_t last = causal ? static_cast<int64_t>(i) + seqlen_k - seqlen_q : seqlen_k - 1;
+  const int visible = static_cast<int>(last < 0 ? 0 : (last >= seqlen_k ? seqlen_k : last + 1));
+
+  float row_max = -INFINITY;
+  for (int j = threadIdx.x; j < visible; j += blockDim.x) row_max = fmaxf(row_max, s_row[j]);
+  row_max = block_reduce<true>(row_max, scratch);
+
+  float row_sum = 0.f;
+  for (int j = threadIdx.x; j < visible; j += blockDim.x) row_sum += __expf(s_row[j] - row_max);
+  row_sum = block_reduce<false>(row_sum, scratch);
+
+  const float inv_sum = visible > 0 ? 1.f / row_sum : 0.f;
+  for (int j = threadIdx.x; j < seqlen_k; j += blockDim.x) {
+    const float pj = j < visible ? __expf(s_row[j] - row_max) * inv_sum : 0.f;
+    p_row[j] = from_float<T>(pj);
+  }
+  if (lse != nullptr && threadIdx.x == 0) lse[row] = visible > 0 ? row_max + logf(row_sum) : INFINITY;
+}
+
+/// Forward pass: two batched cuBLAS products around the softmax kernel.
+template <typename T>
+fa_status forward_impl(const fa_fwd_args& a, cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(a.batch) * a.heads * a.seqlen_q;
+  const int64_t s_elems = rows * a.seqlen_k;
+  const size_t s_bytes = static_cast<size_t>(s_elems) * sizeof(float);
+  const size_t p_bytes = static_cast<size_t>(s_elems) * sizeof(T);
+  const size_t lse_bytes = a.lse ? 0 : static_cast<size_t>(rows) * sizeof(float);
+  size_t free_bytes = 0, total_bytes = 0;
+  FA_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (s_bytes + p_bytes + lse_bytes > free_bytes) {
+    return fa::set_error(FA_ERR_OUT_OF_MEMORY,
+                         "01_naive materializes S (fp32) and P: %.2f GiB for B*H*Nq*Nk = %lld "
+                         "scores, but only %.2f GiB of device memory is free",
+                         (s_bytes + p_bytes) / 1073741824.0, static_cast<long long>(s_elems),
+                         free_bytes / 1073741824.0);
+  }
+  cublasHandle_t handle = cublas_handle();
+  if (!handle) return fa::set_error(FA_ERR_CUDA, "cublasCreate failed");
+  CUBLAS_TRY(cublasSetStream(handle, stream));
+
+  float* s = nullptr;
+  T* p = nullptr;
+  float* lse = a.lse;
+  FA_CUDA_TRY(cudaMallocAsync(&s, s_bytes, stream));
+  FA_CUDA_TRY(cudaMallocAsync(&p, p_bytes, stream));
+  if (!lse) FA_CUDA_TRY(cudaMallocAsync(&lse, lse_bytes, stream));
+
+  const cudaDataType_t dt = std::is_same<T, __half>::value ? CUDA_R_16F : CUDA_R_16BF;
+  const int group = a.heads / a.heads_kv;  // query heads per key/value head (GQA)
+  const int64_t nn = static_cast<int64_t>(a.seqlen_q) * a.seqlen_k;
+  const float one = 1.f, zero = 0.f;
+  const T* q = static_cast<const T*>(a.q.ptr);
+  const T* k = static_cast<const T*>(a.k.ptr);
+  const T* v = static_cast<const T*>(a.v.ptr);
+  T* o = static_cast<T*>(a.o.ptr);
+  fa_status status = FA_OK;
+
+  // cuBLAS is column-major: a row-major [rows x cols] matrix with row stride ld is its
+  // transpose in column-major. So S^T = K Q^T and O^T = V^T P^T. Query head h = hk*group + g
+  // uses key/value head hk: for each (b, g), one strided batch runs over hk.
+  for (int b = 0; b < a.batch && status == FA_OK; ++b) {
+    for (int g = 0; g < group && status == FA_OK; ++g) {
+      const T* q_bg = q + b * a.q.batch_stride + g * a.q.head_stride;
+      const T* k_b = k + b * a.k.batch_stride;
+      float* s_bg = s + (static_cast<int64_t>(b) * a.heads + g) * nn;
+      // S^T [Nk x Nq] = scale * K [Nk x d] * Q^T [d x Nq]
+      cublasStatus_t st = cublasGemmStridedBatchedEx(
+          handle, CUBLAS_OP_T, CUBLAS_OP_N, a.seqlen_k, a.seqlen_q, a.head_dim, &a.scale, k_b,
+          dt, static_cast<int>(a.k.row_stride), a.k.head_stride, q_bg, dt,
+          static_cast<int>(a.q.row_stride), group * a.q.head_stride, &zero, s_bg, CUDA_R_32F,
+          a.seqlen_k, group * nn, a.heads_kv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        status = fa::set_error(FA_ERR_CUDA, "cublasGemmStridedBatchedEx (S = QK^T): %s",
+                               cublasGetStatusString(st));
+      }
+    }
+  }
+  if (status == FA_OK) {
+    dim3 grid(a.seqlen_q, a.heads, a.batch);
+    softmax_kernel<T><<<grid, kSoftmaxThreads, 0, stream>>>(s, p, lse, a.heads, a.seqlen_q,
+                                                            a.seqlen_k, a.causal != 0);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+      status = fa::set_error(FA_ERR_CUDA, "softmax_kernel launch: %s", cudaGetErrorString(err));
+  }
+  for (int b = 0; b < a.batch && status == FA_OK; ++b) {
+    for (int g = 0; g < group && status == FA_OK; ++g) {
+      const T* v_b = v + b * a.v.batch_stride;
+      const T* p_bg = p + (static_cast<int64_t>(b) * a.heads + g) * nn;
+      T* o_bg = o + b * a.o.batch_stride + g * a.o.head_stride;
+      // O^T [d x Nq] = V^T [d x Nk] * P^T [Nk x Nq]
+      cublasStatus_t st = cublasGemmStridedBatchedEx(
+          handle, CUBLAS_OP_N, CUBLAS_OP_N, a.head_dim, a.seqlen_q, a.seqlen_k, &one, v_b, dt,
+          static_cast<int>(a.v.row_stride), a.v.head_stride, p_bg, dt, a.seqlen_k, group * nn,
+          &zero, o_bg, dt, static_cast<int>(a.o.row_stride), group * a.o.head_stride,
+          a.heads_kv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        status = fa::set_error(FA_ERR_CUDA, "cublasGemmStridedBatchedEx (O = PV): %s",
+                               cublasGetStatusString(st));
+      }
+    }
+  }
+  // Freed in stream order: the memory is reused only after the products above are done.
+  cudaFreeAsync(s, stream);
+  cudaFreeAsync(p, stream);
+  if (!a.lse) cudaFreeAsync(lse, stream);
+  return status;
+}
+
+/// Runs the standard forward pass for either dtype.
+fa_status forward(const fa_fwd_args& args, cudaStream_t stream) {
+  return args.dtype == FA_BF16 ? forward_impl<__nv_bfloat16>(args, stream)
+                               : forward_impl<__half>(args, stream);
+}
+
+/// cuBLAS takes any head dimension; the harness asks for multiples of 8 up to 256.
+bool supports_head_dim(int head_dim) { return head_dim % 8 == 0 && head_dim <= 256; }
+
+}  // namespace
+
+FA_REGISTER_STEP("standard attention: S and P written to device memory (cuBLAS + softmax)",
+                 forward, nullptr, supports_head_dim);

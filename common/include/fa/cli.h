@@ -1,0 +1,67 @@
+/// \file cli.h
+/// \brief Command-line flags of the step runners and of the bench program.
+#ifndef FA_CLI_H_
+#define FA_CLI_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fa/problem.h"
+
+namespace fa {
+
+/// Flags of a step runner (`./build/bin/04_deferred_rescale --help`).
+struct RunnerOptions {
+  ProblemShape shape;     ///< defaults: B=1, H=16, Nq=Nk=4096, d=128, fp16, no mask
+  uint64_t seed = 0;      ///< 0: pick a fresh one from the clock (it is printed)
+  float magnitude = 1.f;  ///< Q and K uniform in [-magnitude, magnitude]
+  int warmup = 5;
+  int repeats = 20;
+  bool check = true;      ///< compare with the fp64 oracle before timing
+  int check_rows = 256;   ///< query rows (and key rows) sampled for the check
+  bool backward = false;  ///< run the backward pass (after a forward)
+  bool deterministic = false;
+  bool ceilings = true;   ///< measure the two ceilings first
+  std::string out;        ///< write the result to this .csv or .json file
+  bool help = false;
+};
+
+/// Parses runner flags. False with a one-line `error` on an unknown flag or a bad value.
+/// Sizes are not range-checked here: the C API does that, with its own messages.
+bool parse_runner_args(const std::vector<std::string>& args, RunnerOptions* out,
+                       std::string* error);
+
+/// The runner's --help text.
+std::string runner_usage(const std::string& program);
+
+/// Flags of the bench program (`./build/bin/bench --help`).
+struct BenchOptions {
+  std::vector<std::string> steps;  ///< empty: every registered step
+  std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
+  std::vector<int> head_dims = {64, 128};
+  std::vector<int> causal = {0, 1};
+  std::vector<std::string> directions = {"fwd", "bwd"};
+  fa_dtype dtype = FA_FP16;
+  int tokens = 16384;  ///< batch = tokens / seqlen (at least 1)
+  int hidden = 2048;   ///< heads = hidden / head_dim
+  int warmup = 3;
+  int repeats = 10;
+  bool check = true;
+  int check_rows = 64;
+  uint64_t seed = 0;
+  bool deterministic = false;
+  std::string out;
+  bool help = false;
+};
+
+/// Parses bench flags. False with a one-line `error` on an unknown flag or a bad value.
+bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* out,
+                      std::string* error);
+
+/// The bench's --help text.
+std::string bench_usage(const std::string& program);
+
+}  // namespace fa
+
+#endif  // FA_CLI_H_

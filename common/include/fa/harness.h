@@ -1,0 +1,118 @@
+/// \file harness.h
+/// \brief Runs a step on the GPU: device copies of a problem, poisoned outputs, checks against
+/// the fp64 oracle, CUDA-event timing, and the two ceilings measured at start-up.
+#ifndef FA_HARNESS_H_
+#define FA_HARNESS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fa/api.h"
+#include "fa/metrics.h"
+#include "fa/oracle.h"
+#include "fa/problem.h"
+#include "fa/report.h"
+
+namespace fa {
+
+/// How tensors are laid out in device memory.
+enum class Layout {
+  kContiguous,  ///< BSHD, no gaps
+  kPadded,      ///< BSHD with gaps after every head, row and batch (non-contiguous strides)
+  kHeadMajor,   ///< BHSD: head_stride = N * d, row_stride = d
+};
+
+/// One 16-bit device tensor with its strides.
+struct DeviceTensor {
+  uint16_t* data = nullptr;
+  size_t elements = 0;  ///< allocated elements, gaps included
+  fa_tensor view{};     ///< what the API gets
+};
+
+/// A problem in device memory, inputs uploaded once and reused across steps and repeats.
+class DeviceProblem {
+ public:
+  /// Uploads `p` with `layout`; `with_backward` also allocates dO (uploaded), dQ, dK, dV.
+  DeviceProblem(const HostProblem& p, Layout layout, bool with_backward);
+  ~DeviceProblem();
+  DeviceProblem(const DeviceProblem&) = delete;
+  DeviceProblem& operator=(const DeviceProblem&) = delete;
+
+  /// Forward arguments pointing at this problem's buffers (lse always requested).
+  fa_fwd_args forward_args() const;
+  /// Backward arguments (forward outputs O and lse as last written by a forward run).
+  fa_bwd_args backward_args(bool deterministic) const;
+
+  /// Fills O and lse (and dQ, dK, dV) with NaN so that an unwritten element fails the check.
+  void poison_outputs();
+  /// Copies O [B,Nq,H,d] and lse [B,H,Nq] back, as contiguous floats.
+  void download_forward(std::vector<float>* o, std::vector<float>* lse) const;
+  /// Copies dQ, dK, dV back as contiguous floats.
+  void download_backward(std::vector<float>* dq, std::vector<float>* dk,
+                         std::vector<float>* dv) const;
+
+  const ProblemShape& shape() const { return shape_; }
+
+ private:
+  ProblemShape shape_;
+  DeviceTensor q_, k_, v_, o_, d_o_, dq_, dk_, dv_;
+  float* lse_ = nullptr;
+  bool with_backward_ = false;
+};
+
+/// Throws std::runtime_error with the message of a failed CUDA call.
+void cuda_check(int error, const char* what);
+
+/// The GPU in use (name, multiprocessors, compute capability, driver and runtime versions).
+GpuInfo current_gpu();
+
+/// True if a usable CUDA device (sm_80+) is present; `why` says why not.
+bool gpu_available(std::string* why);
+
+/// Runs one forward of `step` on `dp` and compares O and lse with the oracle on `rows`.
+/// The outputs are poisoned first. Status errors come back in `error` (check.ok == false).
+struct CheckResult {
+  bool ran = false;      ///< the API accepted the problem and the kernels ran
+  bool ok = false;       ///< ran and every quantity within its bound
+  std::string error;     ///< API error message, or what failed
+  std::vector<std::pair<std::string, ErrorStats>> stats;  ///< per quantity: "O", "lse", ...
+  std::string summary() const;  ///< "O max|err| ... ; lse ..." or the error
+};
+CheckResult check_forward(const std::string& step, DeviceProblem& dp, const HostProblem& p,
+                          const std::vector<RowId>& rows);
+
+/// Runs a forward (to get O and lse), then one backward of `step`, and compares dQ on
+/// `q_rows`, dK and dV on `kv_rows` with the oracle.
+CheckResult check_backward(const std::string& step, DeviceProblem& dp, const HostProblem& p,
+                           const std::vector<RowId>& q_rows, const std::vector<RowId>& kv_rows,
+                           bool deterministic);
+
+/// Median, min and max over `repeats` timed runs after `warmup` untimed ones, each run
+/// between two CUDA events. `backward` times fa_backward (after one forward).
+Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool deterministic,
+                 int warmup, int repeats);
+
+/// What measure() does besides timing.
+struct MeasureOptions {
+  bool check = true;    ///< compare with the oracle first (sampled rows)
+  int check_rows = 64;  ///< query rows (and key rows for the backward) sampled
+  uint64_t seed = 1;    ///< seed of the row sample
+  int warmup = 3;
+  int repeats = 10;
+  bool deterministic = false;
+};
+
+/// Checks (optionally) and times one step on one problem in one direction ("fwd" or "bwd")
+/// and returns the row for the report (rates and speed-ups are filled later). API errors
+/// (e.g. an unsupported head dim, or a problem too large) end up in ResultRow::error.
+ResultRow measure(const std::string& step, const std::string& direction, DeviceProblem& dp,
+                  const HostProblem& p, const MeasureOptions& options);
+
+/// The two ceilings, measured on the current GPU: dense mma.sync m16n8k16 (fp16 in, fp32
+/// accumulate, all SMs, no memory traffic) and a cuBLAS GEMM (8192^3, fp16, fp32 accumulate).
+Ceilings measure_ceilings();
+
+}  // namespace fa
+
+#endif  // FA_HARNESS_H_

@@ -1,0 +1,97 @@
+/// \file report.h
+/// \brief Results of runs and how they are printed: a table on stdout, CSV and JSON files.
+#ifndef FA_REPORT_H_
+#define FA_REPORT_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "fa/problem.h"
+
+namespace fa {
+
+/// The GPU a report was measured on.
+struct GpuInfo {
+  std::string name = "none";
+  int sm_count = 0;
+  int cc_major = 0;
+  int cc_minor = 0;
+  std::string driver;   ///< e.g. "580.159"
+  std::string runtime;  ///< CUDA runtime, e.g. "13.0"
+};
+
+/// The two ceilings every kernel is measured against (TFLOP/s, 0 if not measured).
+struct Ceilings {
+  double mma_tflops = 0;     ///< dense mma.sync m16n8k16, fp16 in, fp32 accumulate
+  double cublas_tflops = 0;  ///< large cuBLAS GEMM (8192^3 fp16, fp32 accumulate)
+};
+
+/// Milliseconds per run over the timed repeats.
+struct Timing {
+  double median_ms = 0;
+  double min_ms = 0;
+  double max_ms = 0;
+  int repeats = 0;
+};
+
+/// One measured (or failed) run of one step on one problem.
+struct ResultRow {
+  std::string step;
+  std::string direction = "fwd";  ///< "fwd" or "bwd"
+  ProblemShape shape;
+  bool checked = false;   ///< compared with the oracle
+  bool passed = false;    ///< within bounds (meaningful when checked)
+  double max_abs = 0;     ///< worst max|out-ref| over the quantities checked
+  double rel_l2 = 0;      ///< worst relative L2 error over the quantities checked
+  std::string error;      ///< non-empty if the run failed or was rejected
+  Timing timing;
+  double tflops = 0;
+  double pct_mma = 0;      ///< percent of Ceilings::mma_tflops
+  double pct_cublas = 0;   ///< percent of Ceilings::cublas_tflops
+  double speedup_prev = 0; ///< time of the previous step on the same problem / this time
+  double speedup_first = 0;///< time of the first step on the same problem / this time
+};
+
+/// Fills tflops and the two percentages of every row from its timing and FLOP count
+/// (forward \f$4BHd\f$ per unmasked pair, backward 2.5x).
+void compute_rates(std::vector<ResultRow>* rows, const Ceilings& ceilings);
+
+/// Fills speedup_prev and speedup_first: rows with the same direction and problem are
+/// compared in the order of `step_order` (a step's predecessor is the nearest earlier step
+/// that has a timed row for that problem).
+void compute_speedups(std::vector<ResultRow>* rows, const std::vector<std::string>& step_order);
+
+/// Prints the GPU, the ceilings and one line per row, aligned.
+void print_table(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings,
+                 const std::vector<ResultRow>& rows);
+
+/// One header line, then one line per row.
+void write_csv(std::ostream& os, const std::vector<ResultRow>& rows);
+
+/// Metadata passed through to the JSON report.
+struct RunInfo {
+  std::string commit;  ///< git commit of the build, or "unknown"
+  std::string date;    ///< UTC, ISO 8601
+  std::string command; ///< the command line that produced the report
+};
+
+/// {"gpu": ..., "ceilings": ..., "run": ..., "results": [...]}.
+void write_json(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings,
+                const RunInfo& run, const std::vector<ResultRow>& rows);
+
+/// Writes CSV if `path` ends in ".csv", JSON if it ends in ".json"; false (and `error`) if
+/// the extension is neither or the file cannot be written.
+bool write_report_file(const std::string& path, const GpuInfo& gpu, const Ceilings& ceilings,
+                       const RunInfo& run, const std::vector<ResultRow>& rows,
+                       std::string* error);
+
+/// The git commit the build was configured from ("unknown" outside a checkout).
+std::string build_commit();
+
+/// The current UTC time as "2026-11-29T12:00:00Z".
+std::string utc_now();
+
+}  // namespace fa
+
+#endif  // FA_REPORT_H_

@@ -1,0 +1,52 @@
+/// \file step.h
+/// \brief What a step folder hands to the harness: its launchers, described once.
+///
+/// Each step's `kernel.cu` ends with one `FA_REGISTER_STEP(...)` line. CMake compiles the
+/// step with `FA_STEP_NAME` (its folder name) and `FA_STEP_SYMBOL` (a C symbol made from it),
+/// and generates the table of all registered steps that the C API dispatches through.
+#ifndef FA_STEP_H_
+#define FA_STEP_H_
+
+#include <cuda_runtime.h>
+
+#include "fa/api.h"
+
+namespace fa {
+
+/// Launches a forward pass. Arguments are already validated by the C API.
+using ForwardFn = fa_status (*)(const fa_fwd_args& args, cudaStream_t stream);
+/// Launches a backward pass. Arguments are already validated by the C API.
+using BackwardFn = fa_status (*)(const fa_bwd_args& args, cudaStream_t stream);
+/// True if the step's kernels handle head dimension d.
+using HeadDimFn = bool (*)(int head_dim);
+
+/// One registered step.
+struct Step {
+  const char* name;              ///< folder name, e.g. "01_naive"
+  const char* summary;           ///< one line: what this step adds
+  ForwardFn forward;             ///< never null
+  BackwardFn backward;           ///< null if the step has no backward pass
+  HeadDimFn supports_head_dim;   ///< which head dims the kernels were built for
+};
+
+/// Records `message` (printf-style) as this thread's last error and returns `status`.
+/// Steps call it for failures that only they can detect (e.g. out of memory).
+fa_status set_error(fa_status status, const char* format, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+}  // namespace fa
+
+#ifndef FA_STEP_NAME
+#define FA_STEP_NAME "unnamed_step"
+#define FA_STEP_SYMBOL fa_step_unnamed
+#endif
+
+/// Registers the step compiled in this translation unit with the harness.
+#define FA_REGISTER_STEP(summary, forward, backward, supports_head_dim) \
+  extern "C" const fa::Step FA_STEP_SYMBOL = {FA_STEP_NAME, summary, forward, backward,  \
+                                              supports_head_dim}
+
+#endif  // FA_STEP_H_

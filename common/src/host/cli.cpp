@@ -1,0 +1,320 @@
+/// \file cli.cpp
+/// \brief Flag parsing for the runners and the bench: one small table-driven parser.
+#include "fa/cli.h"
+
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+
+namespace fa {
+namespace {
+
+/// One flag: its name, whether it takes a value, and what to do with it.
+struct Flag {
+  const char* name;
+  bool takes_value;
+  std::function<bool(const std::string& value, std::string* error)> apply;
+};
+
+bool parse_int(const std::string& flag, const std::string& text, int* out, std::string* error) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || v < INT_MIN || v > INT_MAX) {
+    *error = flag + " expects an integer (got '" + text + "')";
+    return false;
+  }
+  *out = static_cast<int>(v);
+  return true;
+}
+
+bool parse_u64(const std::string& flag, const std::string& text, uint64_t* out,
+               std::string* error) {
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || text[0] == '-' || *end != '\0' || errno != 0) {
+    *error = flag + " expects a non-negative integer (got '" + text + "')";
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+bool parse_float(const std::string& flag, const std::string& text, float* out, std::string* error) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno != 0) {
+    *error = flag + " expects a number (got '" + text + "')";
+    return false;
+  }
+  *out = static_cast<float>(v);
+  return true;
+}
+
+bool parse_positive(const std::string& flag, const std::string& text, int* out,
+                    std::string* error) {
+  if (!parse_int(flag, text, out, error)) return false;
+  if (*out < 1) {
+    *error = flag + " must be >= 1 (got " + text + ")";
+    return false;
+  }
+  return true;
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) parts.push_back(item);
+  return parts;
+}
+
+bool parse_int_list(const std::string& flag, const std::string& text, std::vector<int>* out,
+                    std::string* error) {
+  out->clear();
+  for (const std::string& part : split(text)) {
+    int v = 0;
+    if (!parse_int(flag, part, &v, error)) return false;
+    out->push_back(v);
+  }
+  if (out->empty()) {
+    *error = flag + " expects a comma-separated list";
+    return false;
+  }
+  return true;
+}
+
+/// Runs the table over `args`: "--flag value" and "--flag=value" are both accepted.
+bool parse_flags(const std::vector<std::string>& args, const std::vector<Flag>& flags,
+                 std::string* error) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string name = args[i], value;
+    bool has_inline = false;
+    const size_t eq = name.find('=');
+    if (name.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_inline = true;
+    }
+    const Flag* flag = nullptr;
+    for (const Flag& f : flags)
+      if (name == f.name) flag = &f;
+    if (flag == nullptr) {
+      *error = "unknown flag '" + args[i] + "' (see --help)";
+      return false;
+    }
+    if (flag->takes_value && !has_inline) {
+      if (i + 1 >= args.size()) {
+        *error = name + " needs a value";
+        return false;
+      }
+      value = args[++i];
+    } else if (!flag->takes_value && has_inline) {
+      *error = name + " takes no value";
+      return false;
+    }
+    if (!flag->apply(value, error)) return false;
+  }
+  return true;
+}
+
+bool parse_dtype_flag(const std::string& text, fa_dtype* out, std::string* error) {
+  if (parse_dtype(text, out)) return true;
+  *error = "--dtype must be fp16 or bf16 (got '" + text + "')";
+  return false;
+}
+
+}  // namespace
+
+bool parse_runner_args(const std::vector<std::string>& args, RunnerOptions* o, std::string* error) {
+  *o = RunnerOptions();
+  o->shape.batch = 1;
+  o->shape.heads = 16;
+  o->shape.heads_kv = 0;  // 0 until set: defaults to heads
+  o->shape.seqlen_q = o->shape.seqlen_k = 4096;
+  o->shape.head_dim = 128;
+  ProblemShape& s = o->shape;
+  const std::vector<Flag> flags = {
+      {"--batch", true, [&](auto& v, auto* e) { return parse_int("--batch", v, &s.batch, e); }},
+      {"--heads", true, [&](auto& v, auto* e) { return parse_int("--heads", v, &s.heads, e); }},
+      {"--heads-kv", true,
+       [&](auto& v, auto* e) { return parse_int("--heads-kv", v, &s.heads_kv, e); }},
+      {"--seqlen", true,
+       [&](auto& v, auto* e) {
+         return parse_int("--seqlen", v, &s.seqlen_q, e) &&
+                parse_int("--seqlen", v, &s.seqlen_k, e);
+       }},
+      {"--seqlen-q", true,
+       [&](auto& v, auto* e) { return parse_int("--seqlen-q", v, &s.seqlen_q, e); }},
+      {"--seqlen-k", true,
+       [&](auto& v, auto* e) { return parse_int("--seqlen-k", v, &s.seqlen_k, e); }},
+      {"--head-dim", true,
+       [&](auto& v, auto* e) { return parse_int("--head-dim", v, &s.head_dim, e); }},
+      {"--dtype", true, [&](auto& v, auto* e) { return parse_dtype_flag(v, &s.dtype, e); }},
+      {"--causal", false, [&](auto&, auto*) { return s.causal = true; }},
+      {"--scale", true, [&](auto& v, auto* e) { return parse_float("--scale", v, &s.scale, e); }},
+      {"--seed", true, [&](auto& v, auto* e) { return parse_u64("--seed", v, &o->seed, e); }},
+      {"--magnitude", true,
+       [&](auto& v, auto* e) { return parse_float("--magnitude", v, &o->magnitude, e); }},
+      {"--warmup", true,
+       [&](auto& v, auto* e) {
+         if (!parse_int("--warmup", v, &o->warmup, e)) return false;
+         if (o->warmup >= 0) return true;
+         *e = "--warmup must be >= 0";
+         return false;
+       }},
+      {"--repeats", true,
+       [&](auto& v, auto* e) { return parse_positive("--repeats", v, &o->repeats, e); }},
+      {"--no-check", false, [&](auto&, auto*) { return !(o->check = false); }},
+      {"--check-rows", true,
+       [&](auto& v, auto* e) { return parse_positive("--check-rows", v, &o->check_rows, e); }},
+      {"--backward", false, [&](auto&, auto*) { return o->backward = true; }},
+      {"--deterministic", false, [&](auto&, auto*) { return o->deterministic = true; }},
+      {"--no-ceilings", false, [&](auto&, auto*) { return !(o->ceilings = false); }},
+      {"--out", true,
+       [&](auto& v, auto* e) {
+         o->out = v;
+         if (!v.empty()) return true;
+         *e = "--out needs a file name";
+         return false;
+       }},
+      {"--help", false, [&](auto&, auto*) { return o->help = true; }},
+      {"-h", false, [&](auto&, auto*) { return o->help = true; }},
+  };
+  if (!parse_flags(args, flags, error)) return false;
+  if (s.heads_kv == 0) s.heads_kv = s.heads;
+  return true;
+}
+
+std::string runner_usage(const std::string& program) {
+  return "usage: " + program +
+         " [flags]\n"
+         "Runs this step once on random inputs, checks it against the fp64 oracle, times it.\n"
+         "  --batch N          batch size (1)\n"
+         "  --heads N          query heads (16)\n"
+         "  --heads-kv N       key/value heads, must divide --heads (= heads)\n"
+         "  --seqlen N         query and key length (4096)\n"
+         "  --seqlen-q N       query length\n"
+         "  --seqlen-k N       key length\n"
+         "  --head-dim N       head dimension (128)\n"
+         "  --dtype T          fp16 or bf16 (fp16)\n"
+         "  --causal           causal mask, bottom-right aligned\n"
+         "  --scale X          softmax scale (1/sqrt(head dim))\n"
+         "  --seed N           input seed (fresh each run, printed)\n"
+         "  --magnitude X      Q, K uniform in [-X, X] (1)\n"
+         "  --warmup N         untimed runs (5)\n"
+         "  --repeats N        timed runs, median reported (20)\n"
+         "  --no-check         skip the oracle check\n"
+         "  --check-rows N     rows sampled for the check (256)\n"
+         "  --backward         time the backward pass (after a forward)\n"
+         "  --deterministic    backward without float atomics\n"
+         "  --no-ceilings      skip measuring the mma.sync and cuBLAS ceilings\n"
+         "  --out FILE         also write the result as .csv or .json\n";
+}
+
+bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* o, std::string* error) {
+  *o = BenchOptions();
+  const std::vector<Flag> flags = {
+      {"--steps", true,
+       [&](auto& v, auto* e) {
+         o->steps = split(v);
+         if (!o->steps.empty()) return true;
+         *e = "--steps expects a comma-separated list of step names";
+         return false;
+       }},
+      {"--seqlens", true,
+       [&](auto& v, auto* e) { return parse_int_list("--seqlens", v, &o->seqlens, e); }},
+      {"--head-dims", true,
+       [&](auto& v, auto* e) { return parse_int_list("--head-dims", v, &o->head_dims, e); }},
+      {"--causal", true,
+       [&](auto& v, auto* e) {
+         if (v == "both")
+           o->causal = {0, 1};
+         else if (v == "on")
+           o->causal = {1};
+         else if (v == "off")
+           o->causal = {0};
+         else {
+           *e = "--causal must be on, off or both (got '" + v + "')";
+           return false;
+         }
+         return true;
+       }},
+      {"--direction", true,
+       [&](auto& v, auto* e) {
+         if (v == "both")
+           o->directions = {"fwd", "bwd"};
+         else if (v == "fwd" || v == "bwd")
+           o->directions = {v};
+         else {
+           *e = "--direction must be fwd, bwd or both (got '" + v + "')";
+           return false;
+         }
+         return true;
+       }},
+      {"--dtype", true, [&](auto& v, auto* e) { return parse_dtype_flag(v, &o->dtype, e); }},
+      {"--tokens", true,
+       [&](auto& v, auto* e) { return parse_positive("--tokens", v, &o->tokens, e); }},
+      {"--hidden", true,
+       [&](auto& v, auto* e) { return parse_positive("--hidden", v, &o->hidden, e); }},
+      {"--warmup", true, [&](auto& v, auto* e) { return parse_int("--warmup", v, &o->warmup, e); }},
+      {"--repeats", true,
+       [&](auto& v, auto* e) { return parse_positive("--repeats", v, &o->repeats, e); }},
+      {"--no-check", false, [&](auto&, auto*) { return !(o->check = false); }},
+      {"--check-rows", true,
+       [&](auto& v, auto* e) { return parse_positive("--check-rows", v, &o->check_rows, e); }},
+      {"--seed", true, [&](auto& v, auto* e) { return parse_u64("--seed", v, &o->seed, e); }},
+      {"--deterministic", false, [&](auto&, auto*) { return o->deterministic = true; }},
+      {"--out", true,
+       [&](auto& v, auto* e) {
+         o->out = v;
+         if (!v.empty()) return true;
+         *e = "--out needs a file name";
+         return false;
+       }},
+      {"--help", false, [&](auto&, auto*) { return o->help = true; }},
+      {"-h", false, [&](auto&, auto*) { return o->help = true; }},
+  };
+  if (!parse_flags(args, flags, error)) return false;
+  for (int n : o->seqlens)
+    if (n < 1) {
+      *error = "--seqlens values must be >= 1";
+      return false;
+    }
+  for (int d : o->head_dims)
+    if (d < 1) {
+      *error = "--head-dims values must be >= 1";
+      return false;
+    }
+  return true;
+}
+
+std::string bench_usage(const std::string& program) {
+  return "usage: " + program +
+         " [flags]\n"
+         "Runs every registered step over the paper's sweep: tokens fixed, batch = tokens /\n"
+         "seqlen, heads = hidden / head dim. Checks each result, times it, and prints each\n"
+         "step's speed-up over the step before it and over the first.\n"
+         "  --steps A,B,...    steps to run (all registered)\n"
+         "  --seqlens N,...    sequence lengths (512,1024,2048,4096,8192,16384)\n"
+         "  --head-dims N,...  head dims (64,128)\n"
+         "  --causal X         on, off or both (both)\n"
+         "  --direction X      fwd, bwd or both (both; bwd only for steps that have one)\n"
+         "  --dtype T          fp16 or bf16 (fp16)\n"
+         "  --tokens N         tokens per batch (16384)\n"
+         "  --hidden N         hidden size = heads * head dim (2048)\n"
+         "  --warmup N         untimed runs (3)\n"
+         "  --repeats N        timed runs, median reported (10)\n"
+         "  --no-check         skip the oracle checks\n"
+         "  --check-rows N     rows sampled per check (64)\n"
+         "  --seed N           input seed (fresh, printed)\n"
+         "  --deterministic    deterministic backward\n"
+         "  --out FILE         also write the results as .csv or .json\n";
+}
+
+}  // namespace fa

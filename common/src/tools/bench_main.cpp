@@ -1,0 +1,130 @@
+/// \file bench_main.cpp
+/// \brief The per-step benchmark: every registered step over the paper's sweep (16K tokens,
+/// hidden 2048, seqlen 512..16K, head dims 64 and 128, causal off and on), each result
+/// checked against the oracle before it is timed, with each step's speed-up over the step
+/// before it and over the first.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "fa/cli.h"
+#include "fa/harness.h"
+
+int main(int argc, char** argv) {
+  fa::BenchOptions opt;
+  std::string error;
+  if (!fa::parse_bench_args(std::vector<std::string>(argv + 1, argv + argc), &opt, &error)) {
+    std::fprintf(stderr, "bench: %s\n", error.c_str());
+    return 2;
+  }
+  if (opt.help) {
+    std::cout << fa::bench_usage(argv[0]);
+    return 0;
+  }
+  std::vector<std::string> steps = opt.steps;
+  std::vector<std::string> registered;
+  for (int i = 0; i < fa_step_count(); ++i) registered.push_back(fa_step_name(i));
+  if (steps.empty()) steps = registered;
+  for (const std::string& s : steps)
+    if (fa_step_summary(s.c_str()) == nullptr) {
+      std::fprintf(stderr, "bench: unknown step '%s'\n", s.c_str());
+      return 2;
+    }
+  std::string why;
+  if (!fa::gpu_available(&why)) {
+    std::fprintf(stderr, "bench: no usable CUDA GPU (%s); the benchmark needs an sm_80+ GPU\n",
+                 why.c_str());
+    return 1;
+  }
+  if (opt.seed == 0)
+    opt.seed = static_cast<uint64_t>(
+        std::chrono::system_clock::now().time_since_epoch().count() % 1000000007ULL);
+
+  // The sweep: problems outer (inputs made and uploaded once), steps inner.
+  std::vector<fa::ProblemShape> shapes;
+  for (int d : opt.head_dims)
+    for (int causal : opt.causal)
+      for (int n : opt.seqlens) {
+        fa::ProblemShape s;
+        s.dtype = opt.dtype;
+        s.seqlen_q = s.seqlen_k = n;
+        s.batch = std::max(1, opt.tokens / n);
+        s.head_dim = d;
+        s.heads = s.heads_kv = std::max(1, opt.hidden / d);
+        s.causal = causal != 0;
+        shapes.push_back(s);
+      }
+  int total = 0;
+  for (size_t i = 0; i < shapes.size(); ++i)
+    for (const std::string& dir : opt.directions)
+      for (const std::string& st : steps)
+        if (dir == "fwd" || fa_step_has_backward(st.c_str()) == 1) ++total;
+
+  try {
+    const fa::GpuInfo gpu = fa::current_gpu();
+    std::fprintf(stderr, "bench: measuring the ceilings on %s ...\n", gpu.name.c_str());
+    const fa::Ceilings ceilings = fa::measure_ceilings();
+    std::fprintf(stderr, "bench: %d runs, seed %llu\n", total,
+                 static_cast<unsigned long long>(opt.seed));
+    std::vector<fa::ResultRow> rows;
+    int done = 0, failed = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      fa::InputSpec spec;
+      spec.seed = opt.seed + i;
+      const fa::HostProblem problem = fa::make_problem(shapes[i], spec);
+      const bool any_bwd = [&] {
+        for (const std::string& dir : opt.directions)
+          for (const std::string& st : steps)
+            if (dir == "bwd" && fa_step_has_backward(st.c_str()) == 1) return true;
+        return false;
+      }();
+      fa::DeviceProblem dp(problem, fa::Layout::kContiguous, any_bwd);
+      for (const std::string& dir : opt.directions)
+        for (const std::string& st : steps) {
+          if (dir == "bwd" && fa_step_has_backward(st.c_str()) != 1) continue;
+          fa::MeasureOptions m;
+          m.check = opt.check;
+          m.check_rows = opt.check_rows;
+          m.seed = spec.seed;
+          m.warmup = opt.warmup;
+          m.repeats = opt.repeats;
+          m.deterministic = opt.deterministic;
+          rows.push_back(fa::measure(st, dir, dp, problem, m));
+          const fa::ResultRow& r = rows.back();
+          if (!r.error.empty() || (r.checked && !r.passed)) ++failed;
+          ++done;
+          const double secs =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          std::fprintf(stderr, "\r[%3d/%d] %-20s %s %-40s %6.1fs%s", done, total, st.c_str(),
+                       dir.c_str(), shapes[i].describe().c_str(), secs,
+                       done == total ? "\n" : "");
+          std::fflush(stderr);
+        }
+    }
+    fa::compute_rates(&rows, ceilings);
+    fa::compute_speedups(&rows, registered);
+    fa::print_table(std::cout, gpu, ceilings, rows);
+    if (!opt.out.empty()) {
+      fa::RunInfo run{fa::build_commit(), fa::utc_now(), ""};
+      for (int i = 0; i < argc; ++i) run.command += (i ? " " : "") + std::string(argv[i]);
+      if (!fa::write_report_file(opt.out, gpu, ceilings, run, rows, &error)) {
+        std::fprintf(stderr, "bench: %s\n", error.c_str());
+        return 2;
+      }
+      std::fprintf(stderr, "bench: wrote %s\n", opt.out.c_str());
+    }
+    if (failed > 0) {
+      std::fprintf(stderr, "bench: %d of %d runs failed or were out of bounds\n", failed, done);
+      return 1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench: %s\n", e.what());
+    return 1;
+  }
+}

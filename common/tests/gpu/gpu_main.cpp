@@ -1,0 +1,52 @@
+/// \file gpu_main.cpp
+/// \brief main() of the GPU suite: prints the GPU (or why the tests skip) and the base seed.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include "fa/harness.h"
+#include "gpu_test_util.h"
+
+namespace fa {
+
+std::vector<std::string> registered_steps() {
+  std::vector<std::string> steps;
+  for (int i = 0; i < fa_step_count(); ++i) steps.push_back(fa_step_name(i));
+  return steps;
+}
+
+bool test_gpu_available(std::string* why) {
+  static std::string reason;
+  static const bool available = gpu_available(&reason);
+  if (why) *why = reason;
+  return available;
+}
+
+uint64_t base_seed() {
+  static const uint64_t seed = [] {
+    if (const char* env = std::getenv("FA_TEST_SEED")) return std::strtoull(env, nullptr, 10);
+    return static_cast<unsigned long long>(
+        std::chrono::system_clock::now().time_since_epoch().count() % 1000000007ULL);
+  }();
+  return seed;
+}
+
+uint64_t test_seed(const std::string& name) {
+  uint64_t h = 1469598103934665603ULL ^ base_seed();  // FNV-1a over the name
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ULL;
+  return h % 1000000007ULL + 1;
+}
+
+}  // namespace fa
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  std::string why;
+  if (fa::test_gpu_available(&why))
+    std::printf("GPU: %s; base seed %llu (FA_TEST_SEED=%llu reproduces this run)\n",
+                fa::current_gpu().name.c_str(), static_cast<unsigned long long>(fa::base_seed()),
+                static_cast<unsigned long long>(fa::base_seed()));
+  else
+    std::printf("No CUDA device: %s. Every GPU test will be skipped.\n", why.c_str());
+  return RUN_ALL_TESTS();
+}

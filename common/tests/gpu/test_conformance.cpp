@@ -1,0 +1,258 @@
+/// \file test_conformance.cpp
+/// \brief The GPU conformance matrix: every registered step x dtype x head dim x causal x
+/// shapes (odd and even lengths, seqlen_q != seqlen_k, GQA, MQA, decoding), forward and, where
+/// the step has one, backward in both modes, all rows checked against the fp64 oracle.
+/// Plus named edge cases and self-tests that prove a wrong output would fail.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "fa/harness.h"
+#include "gpu_test_util.h"
+
+namespace fa {
+namespace {
+
+/// Sizes of one conformance problem (dtype, head dim and mask vary around it).
+struct Dims {
+  int batch, heads, heads_kv, seqlen_q, seqlen_k;
+  const char* label;
+};
+
+const Dims kDims[] = {
+    {2, 4, 4, 128, 128, "even"},        // block multiples
+    {1, 3, 1, 257, 257, "odd_mqa"},     // one past a block, MQA
+    {1, 4, 2, 100, 300, "q_lt_k_gqa"},  // Nq < Nk: causal diagonal is offset
+    {2, 2, 2, 300, 77, "q_gt_k"},       // Nq > Nk: under causal, rows that see no key
+    {1, 2, 1, 1, 513, "decode"},        // one query row
+};
+
+struct Case {
+  std::string step;
+  fa_dtype dtype;
+  int head_dim;
+  bool causal;
+  Dims dims;
+  bool deterministic;  // backward only
+};
+
+std::string case_name(const testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  std::string name = c.step + "_" + dtype_name(c.dtype) + "_d" + std::to_string(c.head_dim) +
+                     (c.causal ? "_causal_" : "_full_") + c.dims.label;
+  if (c.deterministic) name += "_det";
+  return name;
+}
+
+std::vector<Case> make_cases(bool backward) {
+  std::vector<Case> cases;
+  for (const std::string& step : registered_steps()) {
+    if (backward && fa_step_has_backward(step.c_str()) != 1) continue;
+    for (fa_dtype dt : {FA_FP16, FA_BF16})
+      for (int d : {64, 128})
+        for (bool causal : {false, true})
+          for (const Dims& dims : kDims)
+            for (bool det : backward ? std::vector<bool>{false, true} : std::vector<bool>{false})
+              cases.push_back({step, dt, d, causal, dims, det});
+  }
+  return cases;
+}
+
+ProblemShape shape_of(const Case& c) {
+  ProblemShape s;
+  s.dtype = c.dtype;
+  s.batch = c.dims.batch;
+  s.heads = c.dims.heads;
+  s.heads_kv = c.dims.heads_kv;
+  s.seqlen_q = c.dims.seqlen_q;
+  s.seqlen_k = c.dims.seqlen_k;
+  s.head_dim = c.head_dim;
+  s.causal = c.causal;
+  return s;
+}
+
+class ForwardConformance : public testing::TestWithParam<Case> {};
+
+TEST_P(ForwardConformance, MatchesOracleOnAllRows) {
+  FA_REQUIRE_GPU();
+  const Case& c = GetParam();
+  ASSERT_EQ(fa_step_supports_head_dim(c.step.c_str(), c.head_dim), 1)
+      << "every step must support head dims 64 and 128";
+  const uint64_t seed = test_seed(case_name(testing::TestParamInfo<Case>(c, 0)));
+  const HostProblem p = make_problem(shape_of(c), InputSpec{seed});
+  DeviceProblem dp(p, Layout::kContiguous, false);
+  const CheckResult r = check_forward(c.step, dp, p, all_q_rows(p.shape));
+  EXPECT_TRUE(r.ok) << p.shape.describe() << " seed " << seed << ": " << r.summary();
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, ForwardConformance, testing::ValuesIn(make_cases(false)),
+                         case_name);
+
+class BackwardConformance : public testing::TestWithParam<Case> {};
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(BackwardConformance);
+
+TEST_P(BackwardConformance, MatchesOracleOnAllRows) {
+  FA_REQUIRE_GPU();
+  const Case& c = GetParam();
+  const uint64_t seed = test_seed(case_name(testing::TestParamInfo<Case>(c, 0)));
+  const HostProblem p = make_problem(shape_of(c), InputSpec{seed});
+  DeviceProblem dp(p, Layout::kContiguous, true);
+  const CheckResult r =
+      check_backward(c.step, dp, p, all_q_rows(p.shape), all_kv_rows(p.shape), c.deterministic);
+  EXPECT_TRUE(r.ok) << p.shape.describe() << " seed " << seed << ": " << r.summary();
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, BackwardConformance, testing::ValuesIn(make_cases(true)),
+                         case_name);
+
+// ---------------------------------------------------------------------------------------
+// Named edge cases, for every step (forward; backward too where the step has one).
+
+class EdgeCases : public testing::TestWithParam<std::string> {
+ protected:
+  /// Checks forward (and backward if the step has one) on all rows of `s` with `spec`.
+  void expect_matches(ProblemShape s, InputSpec spec, Layout layout = Layout::kContiguous) {
+    const std::string& step = GetParam();
+    spec.seed = test_seed(step + testing::UnitTest::GetInstance()->current_test_info()->name());
+    const HostProblem p = make_problem(s, spec);
+    const bool bwd = fa_step_has_backward(step.c_str()) == 1;
+    DeviceProblem dp(p, layout, bwd);
+    const CheckResult f = check_forward(step, dp, p, all_q_rows(s));
+    EXPECT_TRUE(f.ok) << "forward " << s.describe() << " seed " << spec.seed << ": "
+                      << f.summary();
+    if (bwd) {
+      const CheckResult b = check_backward(step, dp, p, all_q_rows(s), all_kv_rows(s), false);
+      EXPECT_TRUE(b.ok) << "backward " << s.describe() << " seed " << spec.seed << ": "
+                        << b.summary();
+    }
+  }
+  static ProblemShape base(int nq, int nk, int d = 64) {
+    ProblemShape s;
+    s.batch = 1;
+    s.heads = 2;
+    s.heads_kv = 2;
+    s.seqlen_q = nq;
+    s.seqlen_k = nk;
+    s.head_dim = d;
+    return s;
+  }
+};
+
+TEST_P(EdgeCases, SeqlenQOneDecoding) {
+  FA_REQUIRE_GPU();
+  ProblemShape s = base(1, 1000, 128);
+  expect_matches(s, {});
+  s.causal = true;  // one query row at the bottom-right: sees every key
+  expect_matches(s, {});
+}
+
+TEST_P(EdgeCases, SeqlenKOne) {
+  FA_REQUIRE_GPU();
+  ProblemShape s = base(65, 1);
+  expect_matches(s, {});  // O = V_0 in every row, L = S_i0
+  s.causal = true;        // only the last row sees the key
+  expect_matches(s, {});
+}
+
+TEST_P(EdgeCases, CausalRowsThatSeeNoKey) {
+  FA_REQUIRE_GPU();
+  ProblemShape s = base(200, 70);
+  s.causal = true;  // rows 0..129 see no key: O = 0, L = +inf
+  expect_matches(s, {});
+}
+
+TEST_P(EdgeCases, MultiQueryOneKvHead) {
+  FA_REQUIRE_GPU();
+  ProblemShape s = base(129, 191, 128);
+  s.heads = 8;
+  s.heads_kv = 1;
+  s.causal = true;
+  expect_matches(s, {});
+}
+
+TEST_P(EdgeCases, LargeMagnitudeInputs) {
+  FA_REQUIRE_GPU();
+  ProblemShape s = base(130, 250);
+  InputSpec spec;
+  spec.magnitude = 50.f;  // scores in the thousands: exp must not overflow
+  expect_matches(s, spec);
+  s.causal = true;
+  s.dtype = FA_BF16;
+  expect_matches(s, spec);
+}
+
+TEST_P(EdgeCases, CustomScale) {
+  FA_REQUIRE_GPU();
+  ProblemShape s = base(96, 160);
+  s.scale = 0.37f;
+  expect_matches(s, {});
+}
+
+TEST_P(EdgeCases, NonContiguousStrides) {
+  FA_REQUIRE_GPU();
+  ProblemShape s = base(77, 140, 128);
+  s.heads = 4;
+  s.heads_kv = 2;
+  s.batch = 2;
+  expect_matches(s, {}, Layout::kPadded);
+  s.causal = true;
+  expect_matches(s, {}, Layout::kHeadMajor);
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, EdgeCases, testing::ValuesIn(registered_steps()),
+                         [](const testing::TestParamInfo<std::string>& i) { return i.param; });
+
+// ---------------------------------------------------------------------------------------
+// Self-tests of the check itself: a wrong output must fail it.
+
+TEST(HarnessSelfTest, UnwrittenOrPerturbedOutputFailsTheCheck) {
+  FA_REQUIRE_GPU();
+  const std::string step = registered_steps().front();
+  ProblemShape s;
+  s.heads = s.heads_kv = 2;
+  s.seqlen_q = s.seqlen_k = 64;
+  s.head_dim = 64;
+  const HostProblem p = make_problem(s, InputSpec{11});
+  DeviceProblem dp(p, Layout::kContiguous, false);
+  const std::vector<RowId> rows = all_q_rows(s);
+  ASSERT_TRUE(check_forward(step, dp, p, rows).ok);
+
+  std::vector<float> o, lse;
+  dp.download_forward(&o, &lse);
+  const ForwardRef ref = reference_forward(p, rows);
+  const Tolerance tol = tolerance(s.dtype, Quantity::kOutput);
+  ASSERT_TRUE(within(compare(o.data(), ref.o.data(), o.size()), tol));
+
+  std::vector<float> bad = o;
+  bad[bad.size() / 2] = std::nanf("");  // one element never written
+  EXPECT_FALSE(within(compare(bad.data(), ref.o.data(), bad.size()), tol));
+  bad = o;
+  bad[5] += 0.05f;  // one element off by far more than rounding
+  EXPECT_FALSE(within(compare(bad.data(), ref.o.data(), bad.size()), tol));
+
+  // The poisoning itself: after poison_outputs() the device output is all NaN.
+  dp.poison_outputs();
+  dp.download_forward(&o, &lse);
+  for (float x : o) ASSERT_TRUE(std::isnan(x));
+  for (float x : lse) ASSERT_TRUE(std::isnan(x));
+}
+
+TEST(HarnessSelfTest, RejectedProblemIsReportedNotRun) {
+  FA_REQUIRE_GPU();
+  ProblemShape s;
+  s.heads = 2;
+  s.heads_kv = 2;
+  s.seqlen_q = s.seqlen_k = 16;
+  s.head_dim = 64;
+  const HostProblem p = make_problem(s, InputSpec{3});
+  DeviceProblem dp(p, Layout::kContiguous, false);
+  const CheckResult r = check_forward("no_such_step", dp, p, all_q_rows(s));
+  EXPECT_FALSE(r.ran);
+  EXPECT_NE(r.error.find("unknown step"), std::string::npos) << r.error;
+}
+
+}  // namespace
+}  // namespace fa

@@ -1,0 +1,134 @@
+/// \file test_cli.cpp
+/// \brief Runner and bench flags: defaults, every flag, and the errors for bad values.
+#include <gtest/gtest.h>
+
+#include "fa/cli.h"
+
+namespace fa {
+namespace {
+
+RunnerOptions parse_ok(const std::vector<std::string>& args) {
+  RunnerOptions o;
+  std::string error;
+  EXPECT_TRUE(parse_runner_args(args, &o, &error)) << error;
+  return o;
+}
+
+std::string parse_error(const std::vector<std::string>& args) {
+  RunnerOptions o;
+  std::string error;
+  EXPECT_FALSE(parse_runner_args(args, &o, &error));
+  return error;
+}
+
+TEST(RunnerFlags, Defaults) {
+  const RunnerOptions o = parse_ok({});
+  EXPECT_EQ(o.shape.batch, 1);
+  EXPECT_EQ(o.shape.heads, 16);
+  EXPECT_EQ(o.shape.heads_kv, 16);
+  EXPECT_EQ(o.shape.seqlen_q, 4096);
+  EXPECT_EQ(o.shape.seqlen_k, 4096);
+  EXPECT_EQ(o.shape.head_dim, 128);
+  EXPECT_EQ(o.shape.dtype, FA_FP16);
+  EXPECT_FALSE(o.shape.causal);
+  EXPECT_TRUE(o.check);
+  EXPECT_FALSE(o.backward);
+  EXPECT_EQ(o.seed, 0u);
+}
+
+TEST(RunnerFlags, EveryFlag) {
+  const RunnerOptions o = parse_ok(
+      {"--batch", "3", "--heads", "12", "--heads-kv=4", "--seqlen-q", "100", "--seqlen-k", "77",
+       "--head-dim", "64", "--dtype", "bf16", "--causal", "--scale", "0.5", "--seed", "42",
+       "--magnitude", "50", "--warmup", "0", "--repeats", "7", "--no-check", "--check-rows",
+       "9", "--backward", "--deterministic", "--no-ceilings", "--out", "r.json"});
+  EXPECT_EQ(o.shape.batch, 3);
+  EXPECT_EQ(o.shape.heads, 12);
+  EXPECT_EQ(o.shape.heads_kv, 4);
+  EXPECT_EQ(o.shape.seqlen_q, 100);
+  EXPECT_EQ(o.shape.seqlen_k, 77);
+  EXPECT_EQ(o.shape.head_dim, 64);
+  EXPECT_EQ(o.shape.dtype, FA_BF16);
+  EXPECT_TRUE(o.shape.causal);
+  EXPECT_FLOAT_EQ(o.shape.scale, 0.5f);
+  EXPECT_EQ(o.seed, 42u);
+  EXPECT_FLOAT_EQ(o.magnitude, 50.f);
+  EXPECT_EQ(o.warmup, 0);
+  EXPECT_EQ(o.repeats, 7);
+  EXPECT_FALSE(o.check);
+  EXPECT_EQ(o.check_rows, 9);
+  EXPECT_TRUE(o.backward);
+  EXPECT_TRUE(o.deterministic);
+  EXPECT_FALSE(o.ceilings);
+  EXPECT_EQ(o.out, "r.json");
+}
+
+TEST(RunnerFlags, SeqlenSetsBoth) {
+  const RunnerOptions o = parse_ok({"--seqlen", "1000"});
+  EXPECT_EQ(o.shape.seqlen_q, 1000);
+  EXPECT_EQ(o.shape.seqlen_k, 1000);
+}
+
+TEST(RunnerFlags, Errors) {
+  EXPECT_EQ(parse_error({"--bogus"}), "unknown flag '--bogus' (see --help)");
+  EXPECT_EQ(parse_error({"--batch"}), "--batch needs a value");
+  EXPECT_EQ(parse_error({"--batch", "two"}), "--batch expects an integer (got 'two')");
+  EXPECT_EQ(parse_error({"--dtype", "fp8"}), "--dtype must be fp16 or bf16 (got 'fp8')");
+  EXPECT_EQ(parse_error({"--repeats", "0"}), "--repeats must be >= 1 (got 0)");
+  EXPECT_EQ(parse_error({"--seed", "-4"}), "--seed expects a non-negative integer (got '-4')");
+  EXPECT_EQ(parse_error({"--causal=1"}), "--causal takes no value");
+  EXPECT_EQ(parse_error({"--scale", "abc"}), "--scale expects a number (got 'abc')");
+}
+
+TEST(RunnerFlags, SizesAreLeftToTheApi) {
+  // Range checks live in one place, the C API; the parser only parses.
+  const RunnerOptions o = parse_ok({"--seqlen", "0", "--heads", "7", "--heads-kv", "2"});
+  EXPECT_EQ(o.shape.seqlen_q, 0);
+  EXPECT_EQ(o.shape.heads_kv, 2);
+}
+
+TEST(BenchFlags, DefaultsAreThePaperSweep) {
+  BenchOptions o;
+  std::string error;
+  ASSERT_TRUE(parse_bench_args({}, &o, &error)) << error;
+  EXPECT_EQ(o.seqlens, (std::vector<int>{512, 1024, 2048, 4096, 8192, 16384}));
+  EXPECT_EQ(o.head_dims, (std::vector<int>{64, 128}));
+  EXPECT_EQ(o.causal, (std::vector<int>{0, 1}));
+  EXPECT_EQ(o.tokens, 16384);
+  EXPECT_EQ(o.hidden, 2048);
+  EXPECT_EQ(o.dtype, FA_FP16);
+  EXPECT_TRUE(o.steps.empty());
+}
+
+TEST(BenchFlags, ListsAndChoices) {
+  BenchOptions o;
+  std::string error;
+  ASSERT_TRUE(parse_bench_args({"--steps", "01_naive,05_split_q", "--seqlens", "128,256",
+                                "--head-dims", "64", "--causal", "on", "--direction", "fwd"},
+                               &o, &error))
+      << error;
+  EXPECT_EQ(o.steps, (std::vector<std::string>{"01_naive", "05_split_q"}));
+  EXPECT_EQ(o.seqlens, (std::vector<int>{128, 256}));
+  EXPECT_EQ(o.head_dims, (std::vector<int>{64}));
+  EXPECT_EQ(o.causal, (std::vector<int>{1}));
+  EXPECT_EQ(o.directions, (std::vector<std::string>{"fwd"}));
+  EXPECT_FALSE(parse_bench_args({"--causal", "maybe"}, &o, &error));
+  EXPECT_EQ(error, "--causal must be on, off or both (got 'maybe')");
+  EXPECT_FALSE(parse_bench_args({"--seqlens", "128,x"}, &o, &error));
+  EXPECT_EQ(error, "--seqlens expects an integer (got 'x')");
+  EXPECT_FALSE(parse_bench_args({"--seqlens", "0"}, &o, &error));
+  EXPECT_EQ(error, "--seqlens values must be >= 1");
+}
+
+TEST(Usage, MentionsEveryFlag) {
+  const std::string r = runner_usage("01_naive");
+  for (const char* flag : {"--batch", "--heads-kv", "--seqlen-q", "--dtype", "--causal",
+                           "--seed", "--no-check", "--backward", "--out"})
+    EXPECT_NE(r.find(flag), std::string::npos) << flag;
+  const std::string b = bench_usage("bench");
+  for (const char* flag : {"--steps", "--seqlens", "--head-dims", "--causal", "--out"})
+    EXPECT_NE(b.find(flag), std::string::npos) << flag;
+}
+
+}  // namespace
+}  // namespace fa

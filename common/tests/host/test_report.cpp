@@ -1,0 +1,131 @@
+/// \file test_report.cpp
+/// \brief Rates, speed-ups and the three report formats on hand-made rows.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "fa/flops.h"
+#include "fa/report.h"
+
+namespace fa {
+namespace {
+
+ResultRow row(const std::string& step, double ms, bool causal = false) {
+  ResultRow r;
+  r.step = step;
+  r.shape.batch = 1;
+  r.shape.heads = r.shape.heads_kv = 16;
+  r.shape.seqlen_q = r.shape.seqlen_k = 4096;
+  r.shape.head_dim = 128;
+  r.shape.causal = causal;
+  r.timing = {ms, ms * 0.9, ms * 1.2, 10};
+  r.checked = true;
+  r.passed = true;
+  r.max_abs = 1e-3;
+  r.rel_l2 = 2e-4;
+  return r;
+}
+
+TEST(Report, RatesFromTimingAndFlops) {
+  std::vector<ResultRow> rows = {row("a", 2.0)};
+  compute_rates(&rows, Ceilings{500, 700});
+  const double flops = forward_flops(1, 16, 4096, 4096, 128, false);
+  EXPECT_NEAR(rows[0].tflops, flops / 2e-3 / 1e12, 1e-9);
+  EXPECT_NEAR(rows[0].pct_mma, 100 * rows[0].tflops / 500, 1e-9);
+  EXPECT_NEAR(rows[0].pct_cublas, 100 * rows[0].tflops / 700, 1e-9);
+  rows[0].direction = "bwd";
+  compute_rates(&rows, Ceilings{500, 700});
+  EXPECT_NEAR(rows[0].tflops, 2.5 * flops / 2e-3 / 1e12, 1e-9);
+}
+
+TEST(Report, SpeedupsFollowStepOrderPerProblem) {
+  std::vector<ResultRow> rows = {row("03", 2.0), row("01", 8.0), row("02", 4.0),
+                                 row("01", 5.0, true), row("03", 1.0, true)};
+  rows.push_back(row("02", 1.0));
+  rows.back().error = "unsupported";  // failed rows neither get nor give a speed-up
+  compute_speedups(&rows, {"01", "02", "03"});
+  EXPECT_EQ(rows[1].speedup_prev, 0);  // 01 has no predecessor
+  EXPECT_EQ(rows[1].speedup_first, 0);
+  EXPECT_DOUBLE_EQ(rows[2].speedup_prev, 2.0);   // 02: 8 / 4
+  EXPECT_DOUBLE_EQ(rows[0].speedup_prev, 2.0);   // 03 over 02: 4 / 2
+  EXPECT_DOUBLE_EQ(rows[0].speedup_first, 4.0);  // 03 over 01: 8 / 2
+  EXPECT_DOUBLE_EQ(rows[4].speedup_prev, 5.0);   // causal: 02 missing, so over 01
+  EXPECT_EQ(rows[5].speedup_prev, 0);
+}
+
+TEST(Report, TableHasGpuCeilingsAndRows) {
+  std::vector<ResultRow> rows = {row("01_naive", 4.0), row("02_tiled_fa1", 2.0)};
+  rows.push_back(row("05_split_q", 1.0));
+  rows.back().error = "head_dim 96 is not supported";
+  compute_rates(&rows, Ceilings{641, 710});
+  compute_speedups(&rows, {"01_naive", "02_tiled_fa1", "05_split_q"});
+  std::ostringstream os;
+  print_table(os, GpuInfo{"NVIDIA H200", 132, 9, 0, "580", "13.0"}, Ceilings{641, 710}, rows);
+  const std::string t = os.str();
+  EXPECT_NE(t.find("NVIDIA H200"), std::string::npos);
+  EXPECT_NE(t.find("641.0"), std::string::npos);
+  EXPECT_NE(t.find("02_tiled_fa1"), std::string::npos);
+  EXPECT_NE(t.find("2.00x"), std::string::npos);
+  EXPECT_NE(t.find("error: head_dim 96"), std::string::npos);
+  EXPECT_NE(t.find("ok max|err|"), std::string::npos);
+}
+
+TEST(Report, CsvHasHeaderAndOneLinePerRow) {
+  std::vector<ResultRow> rows = {row("01_naive", 4.0), row("x,y", 1.0)};
+  rows[1].error = "say \"hi\"";
+  std::ostringstream os;
+  write_csv(os, rows);
+  std::istringstream is(os.str());
+  std::string header, line1, line2, extra;
+  std::getline(is, header);
+  std::getline(is, line1);
+  std::getline(is, line2);
+  EXPECT_FALSE(std::getline(is, extra));
+  EXPECT_EQ(header.rfind("step,direction,dtype,batch", 0), 0u);
+  EXPECT_EQ(line1.rfind("01_naive,fwd,fp16,1,16,16,4096,4096,128,", 0), 0u);
+  EXPECT_EQ(line2.rfind("\"x,y\",fwd", 0), 0u);
+  EXPECT_NE(line2.find("\"say \"\"hi\"\"\""), std::string::npos);
+}
+
+TEST(Report, JsonIsWellFormedAndComplete) {
+  std::vector<ResultRow> rows = {row("01_naive", 4.0)};
+  rows[0].max_abs = std::numeric_limits<double>::infinity();  // JSON has no inf: null
+  std::ostringstream os;
+  write_json(os, GpuInfo{"GPU \"x\"", 1, 8, 0, "d", "r"}, Ceilings{1, 2},
+             RunInfo{"abc123", "2026-11-29T00:00:00Z", "bench --x"}, rows);
+  const std::string j = os.str();
+  EXPECT_NE(j.find("\"name\": \"GPU \\\"x\\\"\""), std::string::npos);
+  EXPECT_NE(j.find("\"commit\": \"abc123\""), std::string::npos);
+  EXPECT_NE(j.find("\"max_abs\": null"), std::string::npos);
+  EXPECT_NE(j.find("\"median_ms\": 4"), std::string::npos);
+  int depth = 0;
+  for (char c : j) {
+    if (c == '{' || c == '[') ++depth;
+    if (c == '}' || c == ']') --depth;
+    ASSERT_GE(depth, 0);
+  }
+  EXPECT_EQ(depth, 0);
+}
+
+TEST(Report, FileByExtension) {
+  const std::vector<ResultRow> rows = {row("01_naive", 4.0)};
+  std::string error;
+  const std::string csv = testing::TempDir() + "fa_report_test.csv";
+  ASSERT_TRUE(write_report_file(csv, GpuInfo{}, Ceilings{}, RunInfo{}, rows, &error)) << error;
+  std::ifstream f(csv);
+  std::string first;
+  std::getline(f, first);
+  EXPECT_EQ(first.rfind("step,", 0), 0u);
+  std::remove(csv.c_str());
+  EXPECT_FALSE(write_report_file("out.txt", GpuInfo{}, Ceilings{}, RunInfo{}, rows, &error));
+  EXPECT_EQ(error, "output file 'out.txt' must end in .csv or .json");
+  EXPECT_FALSE(
+      write_report_file("/nonexistent/dir/x.json", GpuInfo{}, Ceilings{}, RunInfo{}, rows, &error));
+  EXPECT_NE(error.find("cannot write"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fa

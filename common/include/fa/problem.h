@@ -1,0 +1,77 @@
+/// \file problem.h
+/// \brief A host copy of one attention problem: sizes and seeded random inputs.
+#ifndef FA_PROBLEM_H_
+#define FA_PROBLEM_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fa/api.h"
+
+namespace fa {
+
+/// Sizes and options of one problem (no data).
+struct ProblemShape {
+  fa_dtype dtype = FA_FP16;
+  int batch = 1;
+  int heads = 1;
+  int heads_kv = 1;
+  int seqlen_q = 1;
+  int seqlen_k = 1;
+  int head_dim = 64;
+  float scale = 0.f;  ///< 0 means the usual 1/sqrt(head_dim); see effective_scale()
+  bool causal = false;
+
+  /// The softmax scale actually used: `scale`, or \f$1/\sqrt{d}\f$ when it is 0.
+  float effective_scale() const;
+  /// "B=1 H=16/16 Nq=4096 Nk=4096 d=128 fp16 causal" (for logs and failure messages).
+  std::string describe() const;
+};
+
+/// How the random inputs are drawn.
+struct InputSpec {
+  uint64_t seed = 1;
+  /// Q and K are uniform in [-magnitude, magnitude]. Large values (50+) test softmax stability.
+  float magnitude = 1.f;
+  /// V and dO are uniform in [-1, 1] plus this offset, so that O's mean is not 0 and relative
+  /// errors stay meaningful.
+  float v_offset = 0.5f;
+};
+
+/// A problem with its inputs on the host, contiguous BSHD, stored as float values that are
+/// exactly representable in the problem's dtype (the device copy holds the same numbers).
+struct HostProblem {
+  ProblemShape shape;
+  InputSpec spec;
+  std::vector<float> q;    ///< [B, Nq, H, d]
+  std::vector<float> k;    ///< [B, Nk, Hkv, d]
+  std::vector<float> v;    ///< [B, Nk, Hkv, d]
+  std::vector<float> d_o;  ///< [B, Nq, H, d], the backward's incoming gradient
+
+  /// Index of element (b, s, h, c) in q, d_o or an output like o or dq.
+  size_t q_index(int b, int s, int h, int c) const;
+  /// Index of element (b, s, h, c) in k, v, dk or dv (h is a key/value head).
+  size_t kv_index(int b, int s, int h, int c) const;
+  /// Index of (b, h, i) in an lse array [B, H, Nq].
+  size_t lse_index(int b, int h, int i) const;
+};
+
+/// Draws a problem's inputs from `spec` (a counter-based generator: the same seed gives the
+/// same inputs on every machine), rounded to the shape's dtype.
+HostProblem make_problem(const ProblemShape& shape, const InputSpec& spec);
+
+/// Rounds a float to the nearest fp16 / bf16 value (round to nearest even) and back.
+float round_to(fa_dtype dtype, float x);
+/// The 16 bits of `x` rounded to `dtype`.
+uint16_t to_bits(fa_dtype dtype, float x);
+/// The float value of 16 bits of `dtype`.
+float from_bits(fa_dtype dtype, uint16_t bits);
+/// "fp16" or "bf16".
+const char* dtype_name(fa_dtype dtype);
+/// Parses "fp16"/"bf16" (also "half", "bfloat16"); false if unknown.
+bool parse_dtype(const std::string& text, fa_dtype* out);
+
+}  // namespace fa
+
+#endif  // FA_PROBLEM_H_

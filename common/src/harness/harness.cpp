@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -227,16 +228,23 @@ GpuInfo current_gpu() {
   cudaRuntimeGetVersion(&runtime);
   g.driver = "CUDA " + std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10);
   g.runtime = std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10);
-  // The kernel driver's version, when nvidia-smi's file is readable (Linux).
+  // The kernel driver's version ("... Kernel Module ... 580.159.04 ..."), where readable.
   if (FILE* f = std::fopen("/proc/driver/nvidia/version", "r")) {
-    char line[256] = {};
+    char line[512] = {};
     if (std::fgets(line, sizeof line, f)) {
-      const char* k = std::strstr(line, "Kernel Module");
-      if (k) {
-        char version[64] = {};
-        if (std::sscanf(k, "Kernel Module %63s", version) == 1 ||
-            std::sscanf(k, "Kernel Module  %63s", version) == 1)
-          g.driver = version;
+      std::string text(line);
+      for (size_t i = 0; i < text.size(); ++i) {
+        size_t j = i, dots = 0;
+        while (j < text.size() && (std::isdigit(static_cast<unsigned char>(text[j])) ||
+                                   (text[j] == '.' && j > i))) {
+          dots += text[j] == '.';
+          ++j;
+        }
+        if (dots >= 1 && j - i >= 5 && (i == 0 || text[i - 1] == ' ')) {
+          g.driver = text.substr(i, j - i);
+          break;
+        }
+        i = j;
       }
     }
     std::fclose(f);

@@ -220,8 +220,11 @@ TEST(HarnessSelfTest, UnwrittenOrPerturbedOutputFailsTheCheck) {
   const std::vector<RowId> rows = all_q_rows(s);
   ASSERT_TRUE(check_forward(step, dp, p, rows).ok);
 
-  std::vector<float> o, lse;
-  dp.download_forward(&o, &lse);
+  std::vector<float> all_o, lse;
+  dp.download_forward(&all_o, &lse);
+  std::vector<float> o;  // in the order of `rows`, as the reference
+  for (const RowId& r : rows)
+    for (int c = 0; c < s.head_dim; ++c) o.push_back(all_o[p.q_index(r.b, r.s, r.h, c)]);
   const ForwardRef ref = reference_forward(p, rows);
   const Tolerance tol = tolerance(s.dtype, Quantity::kOutput);
   ASSERT_TRUE(within(compare(o.data(), ref.o.data(), o.size()), tol));
@@ -235,8 +238,8 @@ TEST(HarnessSelfTest, UnwrittenOrPerturbedOutputFailsTheCheck) {
 
   // The poisoning itself: after poison_outputs() the device output is all NaN.
   dp.poison_outputs();
-  dp.download_forward(&o, &lse);
-  for (float x : o) ASSERT_TRUE(std::isnan(x));
+  dp.download_forward(&all_o, &lse);
+  for (float x : all_o) ASSERT_TRUE(std::isnan(x));
   for (float x : lse) ASSERT_TRUE(std::isnan(x));
 }
 

@@ -7,6 +7,10 @@
 /// the IO argument of the papers shows as numbers:
 /// standard attention moves \f$\Theta(Nd + N^2)\f$ elements, FlashAttention
 /// \f$\Theta(N^2 d^2 / M)\f$ for on-chip memory of M elements.
+///
+/// Block sizes are parameters (positive, else std::invalid_argument) and need not divide the
+/// sequence lengths; causal masking, GQA, \f$N_q \ne N_k\f$ and rows that see no key
+/// (O = 0, L = \f$+\infty\f$) are handled as by the GPU kernels.
 #ifndef FA_CPU_MODELS_H_
 #define FA_CPU_MODELS_H_
 
@@ -19,16 +23,17 @@ namespace fa {
 
 /// Elements read from and written to device memory.
 struct IoCount {
-  int64_t reads = 0;
-  int64_t writes = 0;
+  int64_t reads = 0;   ///< elements loaded from device memory
+  int64_t writes = 0;  ///< elements stored to device memory
+  /// Elements moved either way: reads + writes.
   int64_t total() const { return reads + writes; }
 };
 
 /// Outputs of a forward model, contiguous: o [B, Nq, H, d], lse [B, H, Nq].
 struct ForwardResult {
-  std::vector<float> o;
-  std::vector<float> lse;
-  IoCount io;
+  std::vector<float> o;    ///< [B, Nq, H, d]
+  std::vector<float> lse;  ///< [B, H, Nq]; \f$+\infty\f$ for a row that sees no key
+  IoCount io;              ///< elements the algorithm moved to and from device memory
 };
 
 /// Standard attention (FlashAttention paper, Algorithm 0): S = scale Q K^T, P = softmax(S)
@@ -62,10 +67,10 @@ ForwardResult fa2_forward(const HostProblem& p, int block_r, int block_c);
 
 /// Gradients of a backward model, contiguous: dq [B, Nq, H, d], dk and dv [B, Nk, Hkv, d].
 struct BackwardResult {
-  std::vector<float> dq;
-  std::vector<float> dk;
-  std::vector<float> dv;
-  IoCount io;
+  std::vector<float> dq;  ///< [B, Nq, H, d]
+  std::vector<float> dk;  ///< [B, Nk, Hkv, d], summed over the query heads of a group
+  std::vector<float> dv;  ///< [B, Nk, Hkv, d], summed over the query heads of a group
+  IoCount io;             ///< elements the algorithm moved to and from device memory
 };
 
 /// FlashAttention-2 backward (FlashAttention-2 paper, Algorithm 2) given the forward's O and

@@ -28,13 +28,17 @@ struct ErrorStats {
 ErrorStats compare(const float* out, const double* ref, size_t n);
 
 /// What is being checked; the backward's gradients get looser bounds than the forward.
-enum class Quantity { kOutput, kLse, kGradient };
+enum class Quantity {
+  kOutput,   ///< the forward output O (in the dtype)
+  kLse,      ///< the logsumexp L (fp32)
+  kGradient  ///< dQ, dK, dV (in the dtype)
+};
 
 /// Bounds an output must meet: `max_abs <= max_abs_rel * max(ref_max, 1)` and
 /// `rel_l2 <= rel_l2`, and no non-finite values. See tolerance() for the numbers and why.
 struct Tolerance {
-  double max_abs_rel;
-  double rel_l2;
+  double max_abs_rel;  ///< bound on max_abs, relative to \f$\max(\mathrm{ref\_max}, 1)\f$
+  double rel_l2;       ///< bound on rel_l2
 };
 
 /// The one place the bounds are written, per dtype and quantity. With

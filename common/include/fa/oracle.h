@@ -16,9 +16,9 @@ namespace fa {
 /// One row of one head: batch b, head h (a query head for Q rows, a key/value head for K
 /// rows), position s in the sequence.
 struct RowId {
-  int b;
-  int h;
-  int s;
+  int b;  ///< batch
+  int h;  ///< head (query head or key/value head)
+  int s;  ///< position in the sequence
 };
 
 /// Every query row of the problem (for small problems).
@@ -33,7 +33,7 @@ std::vector<RowId> sample_kv_rows(const ProblemShape& shape, int count, uint64_t
 
 /// Result of reference_forward(): O and L of each requested query row, in order.
 struct ForwardRef {
-  std::vector<RowId> rows;
+  std::vector<RowId> rows;  ///< the query rows, as requested
   std::vector<double> o;    ///< rows.size() x d
   std::vector<double> lse;  ///< rows.size()
 };
@@ -45,11 +45,11 @@ ForwardRef reference_forward(const HostProblem& p, const std::vector<RowId>& row
 /// Result of reference_backward(): dQ of each requested query row, dK and dV of each
 /// requested key row, in order.
 struct BackwardRef {
-  std::vector<RowId> q_rows;
-  std::vector<RowId> kv_rows;
-  std::vector<double> dq;  ///< q_rows.size() x d
-  std::vector<double> dk;  ///< kv_rows.size() x d
-  std::vector<double> dv;  ///< kv_rows.size() x d
+  std::vector<RowId> q_rows;   ///< the query rows of dq, as requested
+  std::vector<RowId> kv_rows;  ///< the key rows of dk and dv, as requested
+  std::vector<double> dq;      ///< q_rows.size() x d
+  std::vector<double> dk;      ///< kv_rows.size() x d
+  std::vector<double> dv;      ///< kv_rows.size() x d
 };
 /// Backward reference in fp64: dQ on `q_rows`, dK and dV on `kv_rows` (summed over the query
 /// heads that share each key/value head), with \f$s\f$ the softmax scale:

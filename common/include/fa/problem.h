@@ -13,15 +13,15 @@ namespace fa {
 
 /// Sizes and options of one problem (no data).
 struct ProblemShape {
-  fa_dtype dtype = FA_FP16;
-  int batch = 1;
-  int heads = 1;
-  int heads_kv = 1;
-  int seqlen_q = 1;
-  int seqlen_k = 1;
-  int head_dim = 64;
-  float scale = 0.f;  ///< 0 means the usual 1/sqrt(head_dim); see effective_scale()
-  bool causal = false;
+  fa_dtype dtype = FA_FP16;  ///< element type of Q, K, V, dO and the outputs
+  int batch = 1;             ///< B
+  int heads = 1;             ///< H, query heads
+  int heads_kv = 1;          ///< H_kv, key/value heads; divides H
+  int seqlen_q = 1;          ///< N_q
+  int seqlen_k = 1;          ///< N_k
+  int head_dim = 64;         ///< d
+  float scale = 0.f;         ///< 0 means the usual 1/sqrt(head_dim); see effective_scale()
+  bool causal = false;       ///< bottom-right aligned causal mask
 
   /// The softmax scale actually used: `scale`, or \f$1/\sqrt{d}\f$ when it is 0.
   float effective_scale() const;
@@ -31,7 +31,7 @@ struct ProblemShape {
 
 /// How the random inputs are drawn.
 struct InputSpec {
-  uint64_t seed = 1;
+  uint64_t seed = 1;  ///< the same seed gives the same inputs everywhere
   /// Q and K are uniform in [-magnitude, magnitude]. Large values (50+) test softmax stability.
   float magnitude = 1.f;
   /// V and dO are uniform in [-1, 1] plus this offset, so that O's mean is not 0 and relative
@@ -42,8 +42,8 @@ struct InputSpec {
 /// A problem with its inputs on the host, contiguous BSHD, stored as float values that are
 /// exactly representable in the problem's dtype (the device copy holds the same numbers).
 struct HostProblem {
-  ProblemShape shape;
-  InputSpec spec;
+  ProblemShape shape;      ///< sizes and options
+  InputSpec spec;          ///< how the inputs were drawn
   std::vector<float> q;    ///< [B, Nq, H, d]
   std::vector<float> k;    ///< [B, Nk, Hkv, d]
   std::vector<float> v;    ///< [B, Nk, Hkv, d]
@@ -58,7 +58,8 @@ struct HostProblem {
 };
 
 /// Draws a problem's inputs from `spec` (a counter-based generator: the same seed gives the
-/// same inputs on every machine), rounded to the shape's dtype.
+/// same inputs on every machine and for any thread count), rounded to the shape's dtype.
+/// Throws std::invalid_argument for a non-positive size or heads_kv not dividing heads.
 HostProblem make_problem(const ProblemShape& shape, const InputSpec& spec);
 
 /// Rounds a float to the nearest fp16 / bf16 value (round to nearest even) and back.

@@ -13,12 +13,10 @@ int64_t unmasked_pairs(int64_t seqlen_q, int64_t seqlen_k, bool causal);
 
 /// Forward FLOPs: \f$4 B H d\f$ times the unmasked pairs (two matrix products, 2 FLOPs per
 /// multiply-add).
-double forward_flops(int batch, int heads, int seqlen_q, int seqlen_k, int head_dim,
-                     bool causal);
+double forward_flops(int batch, int heads, int seqlen_q, int seqlen_k, int head_dim, bool causal);
 
 /// Backward FLOPs: 2.5 times the forward (five matrix products instead of two).
-double backward_flops(int batch, int heads, int seqlen_q, int seqlen_k, int head_dim,
-                      bool causal);
+double backward_flops(int batch, int heads, int seqlen_q, int seqlen_k, int head_dim, bool causal);
 
 }  // namespace fa
 

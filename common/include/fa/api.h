@@ -25,6 +25,7 @@
 extern "C" {
 #endif
 
+/// Marks the functions exported from libfa.
 #if defined(_WIN32)
 #define FA_EXPORT __declspec(dllexport)
 #else
@@ -47,15 +48,15 @@ typedef enum {
 
 /// One BSHD tensor: a device pointer and its strides in elements (last dim contiguous).
 typedef struct {
-  void* ptr;
-  int64_t batch_stride;
-  int64_t row_stride;
-  int64_t head_stride;
+  void* ptr;             ///< device pointer to element (0, 0, 0, 0), 16-byte aligned
+  int64_t batch_stride;  ///< elements between (b, s, h, c) and (b + 1, s, h, c)
+  int64_t row_stride;    ///< elements between sequence positions s and s + 1
+  int64_t head_stride;   ///< elements between heads h and h + 1
 } fa_tensor;
 
 /// Everything a forward pass needs.
 typedef struct {
-  fa_dtype dtype;
+  fa_dtype dtype;  ///< FA_FP16 or FA_BF16, for all of Q, K, V, O
   int batch;     ///< B
   int heads;     ///< H, query heads
   int heads_kv;  ///< H_kv, key/value heads; must divide H (H_kv < H is GQA, 1 is MQA)

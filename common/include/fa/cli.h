@@ -16,15 +16,15 @@ struct RunnerOptions {
   ProblemShape shape;     ///< defaults: B=1, H=16, Nq=Nk=4096, d=128, fp16, no mask
   uint64_t seed = 0;      ///< 0: pick a fresh one from the clock (it is printed)
   float magnitude = 1.f;  ///< Q and K uniform in [-magnitude, magnitude]
-  int warmup = 5;
-  int repeats = 20;
+  int warmup = 5;         ///< untimed runs
+  int repeats = 20;       ///< timed runs, median reported
   bool check = true;      ///< compare with the fp64 oracle before timing
   int check_rows = 256;   ///< query rows (and key rows) sampled for the check
   bool backward = false;  ///< run the backward pass (after a forward)
-  bool deterministic = false;
+  bool deterministic = false;  ///< backward without float atomics
   bool ceilings = true;   ///< measure the two ceilings first
   std::string out;        ///< write the result to this .csv or .json file
-  bool help = false;
+  bool help = false;      ///< print the usage and exit
 };
 
 /// Parses runner flags. False with a one-line `error` on an unknown flag or a bad value.
@@ -38,21 +38,21 @@ std::string runner_usage(const std::string& program);
 /// Flags of the bench program (`./build/bin/bench --help`).
 struct BenchOptions {
   std::vector<std::string> steps;  ///< empty: every registered step
-  std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
-  std::vector<int> head_dims = {64, 128};
-  std::vector<int> causal = {0, 1};
-  std::vector<std::string> directions = {"fwd", "bwd"};
-  fa_dtype dtype = FA_FP16;
+  std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384};  ///< seqlen_q = seqlen_k
+  std::vector<int> head_dims = {64, 128};                            ///< head dims
+  std::vector<int> causal = {0, 1};                                  ///< mask off, on
+  std::vector<std::string> directions = {"fwd", "bwd"};              ///< passes to time
+  fa_dtype dtype = FA_FP16;                                          ///< input dtype
   int tokens = 16384;  ///< batch = tokens / seqlen (at least 1)
   int hidden = 2048;   ///< heads = hidden / head_dim
-  int warmup = 3;
-  int repeats = 10;
-  bool check = true;
-  int check_rows = 64;
-  uint64_t seed = 0;
-  bool deterministic = false;
-  std::string out;
-  bool help = false;
+  int warmup = 3;              ///< untimed runs per cell
+  int repeats = 10;            ///< timed runs per cell, median reported
+  bool check = true;           ///< check every cell against the oracle before timing it
+  int check_rows = 64;         ///< rows sampled per check
+  uint64_t seed = 0;           ///< 0: fresh from the clock (printed)
+  bool deterministic = false;  ///< deterministic backward
+  std::string out;             ///< also write .csv or .json
+  bool help = false;           ///< print the usage and exit
 };
 
 /// Parses bench flags. False with a one-line `error` on an unknown flag or a bad value.

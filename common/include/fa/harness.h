@@ -25,7 +25,7 @@ enum class Layout {
 
 /// One 16-bit device tensor with its strides.
 struct DeviceTensor {
-  uint16_t* data = nullptr;
+  uint16_t* data = nullptr;  ///< the allocation (gaps included)
   size_t elements = 0;  ///< allocated elements, gaps included
   fa_tensor view{};     ///< what the API gets
 };
@@ -52,6 +52,7 @@ class DeviceProblem {
   void download_backward(std::vector<float>* dq, std::vector<float>* dk,
                          std::vector<float>* dv) const;
 
+  /// Sizes and options of the problem.
   const ProblemShape& shape() const { return shape_; }
 
  private:
@@ -70,8 +71,7 @@ GpuInfo current_gpu();
 /// True if a usable CUDA device (sm_80+) is present; `why` says why not.
 bool gpu_available(std::string* why);
 
-/// Runs one forward of `step` on `dp` and compares O and lse with the oracle on `rows`.
-/// The outputs are poisoned first. Status errors come back in `error` (check.ok == false).
+/// The outcome of one check against the oracle.
 struct CheckResult {
   bool ran = false;      ///< the API accepted the problem and the kernels ran
   bool ok = false;       ///< ran and every quantity within its bound
@@ -79,6 +79,8 @@ struct CheckResult {
   std::vector<std::pair<std::string, ErrorStats>> stats;  ///< per quantity: "O", "lse", ...
   std::string summary() const;  ///< "O max|err| ... ; lse ..." or the error
 };
+/// Runs one forward of `step` on `dp` and compares O and lse with the oracle on `rows`.
+/// The outputs are poisoned first. API errors come back in CheckResult::error (ran == false).
 CheckResult check_forward(const std::string& step, DeviceProblem& dp, const HostProblem& p,
                           const std::vector<RowId>& rows);
 
@@ -98,9 +100,9 @@ struct MeasureOptions {
   bool check = true;    ///< compare with the oracle first (sampled rows)
   int check_rows = 64;  ///< query rows (and key rows for the backward) sampled
   uint64_t seed = 1;    ///< seed of the row sample
-  int warmup = 3;
-  int repeats = 10;
-  bool deterministic = false;
+  int warmup = 3;               ///< untimed runs first
+  int repeats = 10;             ///< timed runs; the median is reported
+  bool deterministic = false;   ///< backward in deterministic mode
 };
 
 /// Checks (optionally) and times one step on one problem in one direction ("fwd" or "bwd")

@@ -22,6 +22,7 @@ template <typename T>
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4],
                                              const uint32_t (&b)[2]);
 
+/// fp16 inputs.
 template <>
 __device__ __forceinline__ void mma_m16n8k16<__half>(float (&d)[4], const uint32_t (&a)[4],
                                                      const uint32_t (&b)[2]) {
@@ -32,6 +33,7 @@ __device__ __forceinline__ void mma_m16n8k16<__half>(float (&d)[4], const uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+/// bf16 inputs.
 template <>
 __device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4],
                                                             const uint32_t (&a)[4],
@@ -97,12 +99,14 @@ __device__ __forceinline__ void cp_async_wait() {
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 
+/// Two fp16 values.
 template <>
 __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+/// Two bf16 values.
 template <>
 __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);

@@ -13,10 +13,10 @@ namespace fa {
 
 /// The GPU a report was measured on.
 struct GpuInfo {
-  std::string name = "none";
-  int sm_count = 0;
-  int cc_major = 0;
-  int cc_minor = 0;
+  std::string name = "none";  ///< e.g. "NVIDIA H200"
+  int sm_count = 0;           ///< streaming multiprocessors
+  int cc_major = 0;           ///< compute capability, major
+  int cc_minor = 0;           ///< compute capability, minor
   std::string driver;   ///< e.g. "580.159"
   std::string runtime;  ///< CUDA runtime, e.g. "13.0"
 };
@@ -29,24 +29,24 @@ struct Ceilings {
 
 /// Milliseconds per run over the timed repeats.
 struct Timing {
-  double median_ms = 0;
-  double min_ms = 0;
-  double max_ms = 0;
-  int repeats = 0;
+  double median_ms = 0;  ///< median over the repeats
+  double min_ms = 0;     ///< fastest run
+  double max_ms = 0;     ///< slowest run
+  int repeats = 0;       ///< timed runs
 };
 
 /// One measured (or failed) run of one step on one problem.
 struct ResultRow {
-  std::string step;
+  std::string step;               ///< step name
   std::string direction = "fwd";  ///< "fwd" or "bwd"
-  ProblemShape shape;
+  ProblemShape shape;     ///< the problem
   bool checked = false;   ///< compared with the oracle
   bool passed = false;    ///< within bounds (meaningful when checked)
   double max_abs = 0;     ///< worst max|out-ref| over the quantities checked
   double rel_l2 = 0;      ///< worst relative L2 error over the quantities checked
   std::string error;      ///< non-empty if the run failed or was rejected
-  Timing timing;
-  double tflops = 0;
+  Timing timing;          ///< event-timed runs
+  double tflops = 0;      ///< achieved TFLOP/s (median time)
   double pct_mma = 0;      ///< percent of Ceilings::mma_tflops
   double pct_cublas = 0;   ///< percent of Ceilings::cublas_tflops
   double speedup_prev = 0; ///< time of the previous step on the same problem / this time

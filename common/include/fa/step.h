@@ -40,7 +40,9 @@ fa_status set_error(fa_status status, const char* format, ...)
 }  // namespace fa
 
 #ifndef FA_STEP_NAME
+/// The step's folder name; CMake defines it for each step (fa_add_step).
 #define FA_STEP_NAME "unnamed_step"
+/// The C symbol of the step's descriptor; CMake defines it for each step.
 #define FA_STEP_SYMBOL fa_step_unnamed
 #endif
 

@@ -1,43 +1,643 @@
 /// \file 07_backward/kernel.cu
-/// \brief Step 07: the FlashAttention-2 backward pass (Algorithm 2 of the paper), on top of
-/// the step 06 forward.
+/// \brief Step 07: the FlashAttention-2 backward pass (Algorithm 2 of the paper).
 ///
-/// The forward keeps only \f$O\f$ and the logsumexp \f$L\f$; the backward recomputes
-/// \f$S = \mathrm{scale}\cdot Q K^T\f$ and \f$P = e^{S - L}\f$ tile by tile instead of reading
-/// an \f$N_q \times N_k\f$ matrix back from device memory. Three kernels:
-/// 1. preprocess: \f$D_i = \mathrm{rowsum}(dO_i \circ O_i)\f$, \f$L_i \log_2 e\f$, and a zeroed
-///    fp32 dQ accumulator (`dq_accum`);
-/// 2. the main kernel, one thread block per (kv_block, kv head, batch): the loop order of the
-///    forward flips, the outer loop is over K/V blocks and the inner loop over Q blocks, so
-///    that \f$dK_j\f$ and \f$dV_j\f$ stay on chip; \f$dQ_i\f$ is shared by every kv_block and
-///    is summed across thread blocks with fp32 atomic adds into `dq_accum`;
-/// 3. convert `dq_accum` to the output dtype.
-/// Deterministic mode (`args.deterministic`): the main kernel skips dQ, and a separate kernel
-/// with one thread block per q_block walks the K/V blocks and sums its \f$dQ_i\f$ on chip, in a
-/// fixed order, recomputing \f$P\f$ and \f$dS\f$ (no atomics; about 7/5 of the matmul work).
+/// The forward is step 06's, unchanged: it stores O and the logsumexp
+/// \f$L_i = \log \sum_j e^{S_{ij}}\f$. What this step adds is the backward, in three kernels:
+/// 1. preprocess: \f$D_i = \mathrm{rowsum}(dO_i \circ O_i)\f$, the lse in base 2, and a zeroed
+///    fp32 dQ accumulator (dq_accum);
+/// 2. the main kernel, one thread block per (kv_block, kv head, batch): the loop order flips
+///    back to FlashAttention-1's, K/V blocks outside and Q blocks inside, so that
+///    \f$dK_j\f$ and \f$dV_j\f$ are summed on chip over every q_block (and every query head of
+///    a GQA group). \f$S\f$ and \f$P = e^{S - L}\f$ are recomputed from Q, K and the stored
+///    lse instead of being read back: \f$dV_j \mathrel{+}= P^T dO_i\f$,
+///    \f$dP = dO_i V_j^T\f$, \f$dS = P \circ (dP - D_i)\f$, \f$dK_j \mathrel{+}= dS^T Q_i\f$,
+///    and \f$dQ_i \mathrel{+}= dS K_j\f$, shared by all kv_blocks, by fp32 atomic adds into
+///    dq_accum. Under causal masking the q_blocks above the diagonal are skipped (as step 06
+///    skips K/V blocks), only the ones that cross it are masked;
+/// 3. dQ = scale * dq_accum in the input dtype.
+/// Deterministic mode (fa_bwd_args::deterministic): no float atomics. The main kernel leaves
+/// dQ out and a fourth kernel, one thread block per q_block, walks the kv_blocks in order
+/// and sums \f$dQ_i\f$ in registers, recomputing \f$P\f$ and \f$dS\f$ (7 matmuls per block
+/// pair instead of 5): bit-identical results run to run.
 ///
 /// Run: `./build/bin/07_backward --backward --seqlen 4096 --head-dim 128`
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 
+#include "fa/api.h"
 #include "fa/check.cuh"
 #include "fa/mma.cuh"
 #include "fa/step.h"
 
 namespace {
 
-// ===========================================================================================
-// Forward pass.
-// TODO(06): placeholder. This block is replaced word for word by the forward of
-// 06_causal_skip/kernel.cu as soon as that step lands; it only exists so that the backward
-// below can be tested (it writes O and the logsumexp L with the same semantics, slowly).
-// ===========================================================================================
+// ------------------------------------------------------------------------------------------
+// Tile configuration
+// ------------------------------------------------------------------------------------------
 
-/// \f$\log_2 e\f$: \f$e^x = 2^{x \log_2 e}\f$, so the softmax runs on the exp2 unit.
+/// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
+/// rows, kNumWarps warps. These are FlashAttention-2's sm_80/sm_90 forward tiles. Shared
+/// memory is \f$(B_r + 2 B_c)\, d \cdot 2\f$ bytes: 48 KiB (d = 64), 64 KiB (d = 128), which
+/// fits every sm_80+ GPU.
+template <int kHeadDim>
+struct TileShape;
+template <>
+struct TileShape<64> {
+  static constexpr int kBlockM = 128, kBlockN = 128, kNumWarps = 4;
+};
+template <>
+struct TileShape<128> {
+  static constexpr int kBlockM = 128, kBlockN = 64, kNumWarps = 4;
+};
+
+/// Every size the kernel derives from the tile shape, in one place.
+template <int kHeadDim_>
+struct Traits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = TileShape<kHeadDim>::kBlockM;  ///< \f$B_r\f$, Q rows
+  static constexpr int kBlockN = TileShape<kHeadDim>::kBlockN;  ///< \f$B_c\f$, K/V rows
+  static constexpr int kNumWarps = TileShape<kHeadDim>::kNumWarps;
+  static constexpr int kNumThreads = 32 * kNumWarps;
+  static constexpr int kWarpRows = kBlockM / kNumWarps;  ///< Q rows owned by one warp
+  static constexpr int kMTiles = kWarpRows / 16;         ///< m16 mma tiles per warp
+  static constexpr int kNTilesS = kBlockN / 8;           ///< n8 tiles of S (keys)
+  static constexpr int kNTilesO = kHeadDim / 8;          ///< n8 tiles of O (head dim)
+  static constexpr int kRowBytes = kHeadDim * 2;         ///< one row of Q/K/V/O, 2-byte types
+  static constexpr int kChunksPerRow = kHeadDim / 8;     ///< 16-byte chunks in one row
+  static constexpr int kQBytes = kBlockM * kRowBytes;
+  static constexpr int kKBytes = kBlockN * kRowBytes;
+  static constexpr int kVBytes = kBlockN * kRowBytes;
+  static constexpr int kSmemBytes = kQBytes + kKBytes + kVBytes;
+
+  static_assert(kWarpRows % 16 == 0, "each warp owns whole m16 tiles");
+  static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k16 steps must tile S and P V");
+  static_assert(kChunksPerRow >= 8, "the XOR swizzle permutes 8 chunks of a row");
+  static_assert(kNumThreads % kChunksPerRow == 0, "a thread copies one column of chunks");
+};
+
+// ------------------------------------------------------------------------------------------
+// Shared memory: swizzled row-major tiles
+// ------------------------------------------------------------------------------------------
+
+/// Byte offset of 16-byte chunk `chunk` of row `row` in a row-major shared-memory tile with
+/// rows of kRowBytes bytes. The chunk index is XORed with \f$row \bmod 8\f$: the 8 rows that
+/// one ldmatrix phase reads at the same logical column land in 8 different 16-byte bank
+/// groups, and so do the 8 consecutive chunks that 8 threads write with cp.async. Both sides
+/// are therefore free of bank conflicts without any padding.
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t swizzle(int row, int chunk) {
+  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
+}
+
+// ------------------------------------------------------------------------------------------
+// Global -> shared tile loads (cp.async, 16 bytes per instruction)
+// ------------------------------------------------------------------------------------------
+
+/// Starts the asynchronous copy of rows [row0, row0 + kRows) of one head of a tensor (row r at
+/// `gmem + r * row_stride`, kHeadDim contiguous elements) into the swizzled shared tile
+/// `smem_tile`. Rows at or past `seqlen` are zero-filled and not read, so a ragged last block
+/// holds zeros (a zero V row times a zero probability stays zero, never NaN). Each thread
+/// copies one 16-byte column chunk of every kRowsPerPass-th row. The caller commits the group.
+template <class Tr, int kRows, typename T>
+__device__ __forceinline__ void load_tile_async(char* smem_tile, const T* gmem, int64_t row_stride,
+                                                int row0, int seqlen, int tid) {
+  constexpr int kRowsPerPass = Tr::kNumThreads / Tr::kChunksPerRow;
+  static_assert(kRows % kRowsPerPass == 0, "the threads cover the tile in whole passes");
+  static_assert(kRowsPerPass % 8 == 0, "every pass starts on a whole swizzle atom");
+  const int chunk = tid % Tr::kChunksPerRow;  // the same column in every pass
+  const int tile_row = tid / Tr::kChunksPerRow;
+  const int row = row0 + tile_row;
+  char* const dst = smem_tile + swizzle<Tr::kRowBytes>(tile_row, chunk);
+  const T* src = gmem + row * row_stride + chunk * 8;
+#pragma unroll
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const bool valid = row + pass * kRowsPerPass < seqlen;
+    // An invalid row reads nothing; it still gets an address inside the tensor (row 0).
+    fa::cp_async_16(dst + pass * kRowsPerPass * Tr::kRowBytes, valid ? src : gmem, valid);
+    src += kRowsPerPass * row_stride;
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Shared -> register fragment loads (ldmatrix), layouts as in fa/mma.cuh
+// ------------------------------------------------------------------------------------------
+
+/// Byte offset of `swizzle(row0 + r, chunk0 + c)` from a lane's precomputed
+/// `lane_offset = swizzle(r, c)`, for row0 a multiple of 8 and chunk0 even with c in {0, 1}.
+/// The XOR of the swizzle only touches the low 3 bits of the chunk, so it distributes over
+/// the tile position: one XOR with a compile-time constant plus an immediate offset. Each
+/// lane thus keeps one offset per access pattern instead of one address per fragment.
+template <class Tr>
+__device__ __forceinline__ uint32_t fragment_offset(uint32_t lane_offset, int row0, int chunk0) {
+  return (lane_offset ^ ((chunk0 & 7) << 4)) + row0 * Tr::kRowBytes + ((chunk0 & ~7) << 4);
+}
+
+/// The lane's offset for ldmatrix.x4 reads of a 16x16 block as an mma A operand (also used
+/// for V as the transposed B operand, which has the same pattern): lanes 0-7 address the 8x8
+/// matrix of rows 0-7 / columns 0-7, lanes 8-15 rows 8-15, lanes 16-23 columns 8-15 of
+/// rows 0-7, lanes 24-31 rows 8-15 / columns 8-15.
+template <class Tr>
+__device__ __forceinline__ uint32_t a_lane_offset(int lane) {
+  return swizzle<Tr::kRowBytes>((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
+}
+
+/// The lane's offset for ldmatrix.x4 reads of two n8 B operands of \f$Q K^T\f$ from K: lanes
+/// 0-7 rows 0-7 / columns 0-7, lanes 8-15 rows 0-7 / columns 8-15, lanes 16-23 rows 8-15 /
+/// columns 0-7, lanes 24-31 rows 8-15 / columns 8-15.
+template <class Tr>
+__device__ __forceinline__ uint32_t b_lane_offset(int lane) {
+  return swizzle<Tr::kRowBytes>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+}
+
+/// A operand of one m16n8k16 mma: rows [row0, row0 + 16) and columns
+/// [16 k_step, 16 k_step + 16) of a row-major tile (Q), in one ldmatrix.x4. The four 8x8
+/// matrices land in a[0..3] exactly as the A fragment wants them (see fa/mma.cuh).
+template <class Tr>
+__device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const char* tile,
+                                                uint32_t a_offset, int row0, int k_step) {
+  fa::ldmatrix_x4(a, tile + fragment_offset<Tr>(a_offset, row0, 2 * k_step));
+}
+
+/// B operands of two neighbouring n8 mma tiles of \f$S = Q K^T\f$: keys [n0, n0 + 16) and
+/// head-dim columns [16 k_step, 16 k_step + 16) of the row-major K tile, in one
+/// ldmatrix.x4. B is \f$K^T\f$, so a row of K is a column of B, which is exactly what the
+/// non-transposing ldmatrix hands each lane. b[t] is the fragment of keys n0 + 8t ... + 7.
+template <class Tr>
+__device__ __forceinline__ void load_b_fragments(uint32_t (&b)[2][2], const char* tile,
+                                                 uint32_t b_offset, int n0, int k_step) {
+  uint32_t r[4];
+  fa::ldmatrix_x4(r, tile + fragment_offset<Tr>(b_offset, n0, 2 * k_step));
+  b[0][0] = r[0];
+  b[0][1] = r[1];
+  b[1][0] = r[2];
+  b[1][1] = r[3];
+}
+
+/// B operands of two neighbouring n8 mma tiles of \f$O \mathrel{+}= P V\f$: keys
+/// [16 k_step, 16 k_step + 16) and head-dim columns [n0, n0 + 16) of the row-major V tile.
+/// Here the k index of B runs along V's rows, so ldmatrix.x4.trans transposes each 8x8
+/// matrix on the way and V never needs a transposed copy. b[t] covers columns n0 + 8t ... + 7.
+template <class Tr>
+__device__ __forceinline__ void load_b_fragments_trans(uint32_t (&b)[2][2], const char* tile,
+                                                       uint32_t a_offset, int k_step, int n0) {
+  uint32_t r[4];
+  fa::ldmatrix_x4_trans(r, tile + fragment_offset<Tr>(a_offset, 16 * k_step, n0 / 8));
+  b[0][0] = r[0];
+  b[0][1] = r[1];
+  b[1][0] = r[2];
+  b[1][1] = r[3];
+}
+
+// ------------------------------------------------------------------------------------------
+// The algorithm: S = Q K^T, mask, online softmax, O += P V (all per warp)
+// ------------------------------------------------------------------------------------------
+
+/// \f$S_w = Q_w K_j^T\f$ for this warp's kWarpRows query rows (starting at tile row
+/// `warp_row0`) and all kBlockN keys of the K tile, unscaled, in fp32 accumulator fragments:
+/// s[mi][nj] is the m16n8 tile of rows warp_row0 + 16 mi and keys 8 nj.
+template <class Tr, typename T>
+__device__ __forceinline__ void compute_scores(float (&s)[Tr::kMTiles][Tr::kNTilesS][4],
+                                               const char* q_tile, const char* k_tile,
+                                               int warp_row0, int lane) {
+  const uint32_t a_offset = a_lane_offset<Tr>(lane);
+  const uint32_t b_offset = b_lane_offset<Tr>(lane);
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int nj = 0; nj < Tr::kNTilesS; ++nj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mi][nj][e] = 0.f;
+
+#pragma unroll
+  for (int k_step = 0; k_step < Tr::kHeadDim / 16; ++k_step) {
+    uint32_t q_frag[Tr::kMTiles][4];
+#pragma unroll
+    for (int mi = 0; mi < Tr::kMTiles; ++mi)
+      load_a_fragment<Tr>(q_frag[mi], q_tile, a_offset, warp_row0 + 16 * mi, k_step);
+#pragma unroll
+    for (int nj = 0; nj < Tr::kNTilesS; nj += 2) {
+      uint32_t k_frag[2][2];
+      load_b_fragments<Tr>(k_frag, k_tile, b_offset, 8 * nj, k_step);
+#pragma unroll
+      for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+        fa::mma_m16n8k16<T>(s[mi][nj], q_frag[mi], k_frag[0]);
+        fa::mma_m16n8k16<T>(s[mi][nj + 1], q_frag[mi], k_frag[1]);
+      }
+    }
+  }
+}
+
+/// Sets \f$S_{ij} = -\infty\f$ where key j does not exist (\f$j \ge N_k\f$, the ragged last
+/// block) or, under causal masking, where \f$j > i + N_k - N_q\f$ (bottom-right aligned).
+/// `q_row0` is the sequence position of this thread's first row (tile row warp_row0 + group);
+/// a thread holds rows q_row0 + 16 mi + 8 h, and keys kv_start + 8 nj + 2 quad + {0, 1}.
+template <class Tr>
+__device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS][4], int q_row0,
+                                           int kv_start, int seqlen_q, int seqlen_k, bool causal,
+                                           int lane) {
+  const int first_key = kv_start + 2 * (lane & 3);
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = q_row0 + 16 * mi + 8 * h;
+      // Row `row` sees keys [0, key_end).
+      const int key_end = causal ? min(seqlen_k, row + seqlen_k - seqlen_q + 1) : seqlen_k;
+#pragma unroll
+      for (int nj = 0; nj < Tr::kNTilesS; ++nj)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (first_key + 8 * nj + e >= key_end) s[mi][nj][2 * h + e] = -INFINITY;
+    }
+}
+
+/// The online softmax of FlashAttention-2 for one K/V block, per row i of this warp:
+/// \f[ m_i^{new} = \max(m_i, \max_j S_{ij}),\quad
+///     \ell_i \leftarrow e^{c (m_i - m_i^{new})} \ell_i + \sum_j P_{ij},\quad
+///     O_i \leftarrow e^{c (m_i - m_i^{new})} O_i,\quad P_{ij} = e^{c (S_{ij} - m_i^{new})} \f]
+/// with c the softmax scale. In base 2, \f$e^{c x} = 2^{x c \log_2 e}\f$, so with
+/// `scale_log2` \f$= c \log_2 e\f$ each probability is one FFMA and one ex2. The row max is
+/// reduced across the 4 lanes (a quad) that share a row; row_sum stays a per-lane partial
+/// sum until the epilogue. A row with no visible key yet has \f$m = -\infty\f$: the
+/// subtracted max is then taken as 0 so that no \f$-\infty - (-\infty)\f$ makes a NaN.
+/// On return s holds \f$P\f$ (unnormalized, fp32).
+template <class Tr>
+__device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTilesS][4],
+                                               float (&row_max)[Tr::kMTiles][2],
+                                               float (&row_sum)[Tr::kMTiles][2],
+                                               float (&o_acc)[Tr::kMTiles][Tr::kNTilesO][4],
+                                               float scale_log2) {
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float m_new = row_max[mi][h];
+#pragma unroll
+      for (int nj = 0; nj < Tr::kNTilesS; ++nj)
+        m_new = fmaxf(m_new, fmaxf(s[mi][nj][2 * h], s[mi][nj][2 * h + 1]));
+      m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));
+      m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 2));
+      const float m_scaled = (m_new == -INFINITY) ? 0.f : m_new * scale_log2;
+      // exp(c (m_old - m_new)); 0 when the row had no visible key before (m_old = -inf).
+      const float rescale = fa::exp2_approx(row_max[mi][h] * scale_log2 - m_scaled);
+      row_max[mi][h] = m_new;
+#pragma unroll
+      for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
+        o_acc[mi][nd][2 * h] *= rescale;
+        o_acc[mi][nd][2 * h + 1] *= rescale;
+      }
+      float block_sum = 0.f;
+#pragma unroll
+      for (int nj = 0; nj < Tr::kNTilesS; ++nj)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = fa::exp2_approx(fmaf(s[mi][nj][2 * h + e], scale_log2, -m_scaled));
+          s[mi][nj][2 * h + e] = p;
+          block_sum += p;
+        }
+      row_sum[mi][h] = row_sum[mi][h] * rescale + block_sum;
+    }
+}
+
+/// \f$O_w \mathrel{+}= P_w V_j\f$. P stays in registers: the accumulator fragments of the S
+/// tiles 2 kk and 2 kk + 1 (keys 16 kk ... 16 kk + 15), rounded to T and packed in pairs, are
+/// the A fragment of the k16 step kk (a0 = rows 0-7 keys 0-7, a1 = rows 8-15 keys 0-7,
+/// a2 = rows 0-7 keys 8-15, a3 = rows 8-15 keys 8-15). V's fragments come from shared memory
+/// through ldmatrix.trans.
+template <class Tr, typename T>
+__device__ __forceinline__ void accumulate_pv(float (&o_acc)[Tr::kMTiles][Tr::kNTilesO][4],
+                                              const float (&p)[Tr::kMTiles][Tr::kNTilesS][4],
+                                              const char* v_tile, int lane) {
+  const uint32_t a_offset = a_lane_offset<Tr>(lane);
+#pragma unroll
+  for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
+    uint32_t p_frag[Tr::kMTiles][4];
+#pragma unroll
+    for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+      p_frag[mi][0] = fa::pack2<T>(p[mi][2 * kk][0], p[mi][2 * kk][1]);
+      p_frag[mi][1] = fa::pack2<T>(p[mi][2 * kk][2], p[mi][2 * kk][3]);
+      p_frag[mi][2] = fa::pack2<T>(p[mi][2 * kk + 1][0], p[mi][2 * kk + 1][1]);
+      p_frag[mi][3] = fa::pack2<T>(p[mi][2 * kk + 1][2], p[mi][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int nd = 0; nd < Tr::kNTilesO; nd += 2) {
+      uint32_t v_frag[2][2];
+      load_b_fragments_trans<Tr>(v_frag, v_tile, a_offset, kk, 8 * nd);
+#pragma unroll
+      for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+        fa::mma_m16n8k16<T>(o_acc[mi][nd], p_frag[mi], v_frag[0]);
+        fa::mma_m16n8k16<T>(o_acc[mi][nd + 1], p_frag[mi], v_frag[1]);
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Epilogue: O = o_acc / row_sum and L = m + log(row_sum)
+// ------------------------------------------------------------------------------------------
+
+/// Finishes the Q block of rows [row0, row0 + kBlockM): reduces each row's partial row_sum
+/// over its quad, writes \f$O_i = o_i / \ell_i\f$ and \f$L_i = c\, m_i + \ln \ell_i\f$
+/// (natural log of the scaled scores; `scale` is c). A row that saw no key (\f$\ell_i = 0\f$)
+/// gets \f$O_i = 0\f$ and \f$L_i = +\infty\f$. O goes through the swizzled shared tile
+/// `o_stage` (the Q tile, no longer needed) so that the global stores are whole, coalesced
+/// 16-byte chunks; rows at or past `seqlen` (a ragged last Q block) are not stored. `o` and
+/// `lse` point at row 0 of this (batch, head); `lse` is null when L is not wanted.
+template <class Tr, typename T>
+__device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::kNTilesO][4],
+                                                float (&row_max)[Tr::kMTiles][2],
+                                                float (&row_sum)[Tr::kMTiles][2], char* o_stage,
+                                                T* o, int64_t o_row_stride, float* lse, int row0,
+                                                int seqlen, float scale, int warp_row0, int tid) {
+  const int lane = tid % 32;
+  const int group = lane / 4, quad = lane % 4;
+  __syncthreads();  // every warp is done reading the Q tile that now stages O
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = row_sum[mi][h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
+      const int tile_row = warp_row0 + 16 * mi + 8 * h + group;
+      if (lse != nullptr && quad == 0 && row0 + tile_row < seqlen)
+        lse[row0 + tile_row] = sum > 0.f ? row_max[mi][h] * scale + logf(sum) : INFINITY;
+#pragma unroll
+      for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
+        const uint32_t packed =
+            fa::pack2<T>(o_acc[mi][nd][2 * h] * inv_sum, o_acc[mi][nd][2 * h + 1] * inv_sum);
+        *reinterpret_cast<uint32_t*>(o_stage + swizzle<Tr::kRowBytes>(tile_row, nd) + 4 * quad) =
+            packed;
+      }
+    }
+  __syncthreads();  // the whole O tile is staged
+  constexpr int kRowsPerPass = Tr::kNumThreads / Tr::kChunksPerRow;
+  const int chunk = tid % Tr::kChunksPerRow;
+  const int tile_row = tid / Tr::kChunksPerRow;
+  const int row = row0 + tile_row;
+  const char* const src = o_stage + swizzle<Tr::kRowBytes>(tile_row, chunk);
+  T* dst = o + row * o_row_stride + chunk * 8;
+#pragma unroll
+  for (int pass = 0; pass < Tr::kBlockM / kRowsPerPass; ++pass) {
+    if (row + pass * kRowsPerPass < seqlen)
+      *reinterpret_cast<uint4*>(dst) =
+          *reinterpret_cast<const uint4*>(src + pass * kRowsPerPass * Tr::kRowBytes);
+    dst += kRowsPerPass * o_row_stride;
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// The kernel
+// ------------------------------------------------------------------------------------------
+
+/// FlashAttention-2 forward, warps split Q. One thread block per (Q block, head, batch);
+/// warp w owns Q rows [32 w, 32 w + 32) of the block. Per K/V block j, each warp computes
+/// \f$S = Q_w K_j^T\f$, masks, updates its online softmax and \f$O_w \mathrel{+}= P V_j\f$,
+/// all in registers. Per iteration: wait for K, start loading V, \f$Q K^T\f$, wait for V,
+/// start loading the next K, softmax, \f$P V\f$: each tile load overlaps the other product.
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
+    flash_forward_kernel(const fa_fwd_args args, const float scale_log2) {
+  using Tr = Traits<kHeadDim>;
+  extern __shared__ __align__(128) char smem[];
+  char* const q_tile = smem;
+  char* const k_tile = smem + Tr::kQBytes;
+  char* const v_tile = k_tile + Tr::kKBytes;
+
+  // Under causal masking the last Q blocks do the most work; start them first so that the
+  // short blocks fill the tail of the grid.
+  const int q_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int head_kv = head / (args.heads / args.heads_kv);
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp_row0 = (tid / 32) * Tr::kWarpRows;  // this warp's first row in the Q tile
+  const int seqlen_q = args.seqlen_q;
+  const int seqlen_k = args.seqlen_k;
+  const int q_start = q_block * Tr::kBlockM;
+
+  const T* const q =
+      static_cast<const T*>(args.q.ptr) + batch * args.q.batch_stride + head * args.q.head_stride;
+  const T* const k = static_cast<const T*>(args.k.ptr) + batch * args.k.batch_stride +
+                     head_kv * args.k.head_stride;
+  const T* const v = static_cast<const T*>(args.v.ptr) + batch * args.v.batch_stride +
+                     head_kv * args.v.head_stride;
+
+  // On-chip state of this warp's rows for the whole K/V loop.
+  float o_acc[Tr::kMTiles][Tr::kNTilesO][4];
+  float row_max[Tr::kMTiles][2];
+  float row_sum[Tr::kMTiles][2];
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+#pragma unroll
+    for (int nd = 0; nd < Tr::kNTilesO; ++nd)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o_acc[mi][nd][e] = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[mi][h] = -INFINITY;
+      row_sum[mi][h] = 0.f;
+    }
+  }
+
+  const int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+
+  // Prologue: Q and the first K tile in one cp.async group.
+  load_tile_async<Tr, Tr::kBlockM>(q_tile, q, args.q.row_stride, q_start, seqlen_q, tid);
+  load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, 0, seqlen_k, tid);
+  fa::cp_async_commit();
+
+  for (int kv_block = 0; kv_block < n_blocks; ++kv_block) {
+    const int kv_start = kv_block * Tr::kBlockN;
+    fa::cp_async_wait<0>();
+    __syncthreads();  // K_j has landed; every warp is done with V_{j-1}
+    load_tile_async<Tr, Tr::kBlockN>(v_tile, v, args.v.row_stride, kv_start, seqlen_k, tid);
+    fa::cp_async_commit();
+
+    float s[Tr::kMTiles][Tr::kNTilesS][4];
+    compute_scores<Tr, T>(s, q_tile, k_tile, warp_row0, lane);
+    // Under causal masking every block is masked element by element (step 06 skips the
+    // blocks above the diagonal and masks only the ones that cross it).
+    const bool needs_mask = args.causal || kv_start + Tr::kBlockN > seqlen_k;
+    if (needs_mask)
+      apply_mask<Tr>(s, q_start + warp_row0 + lane / 4, kv_start, seqlen_q, seqlen_k, args.causal,
+                     lane);
+
+    fa::cp_async_wait<0>();
+    __syncthreads();  // V_j has landed; every warp is done with K_j
+    if (kv_block + 1 < n_blocks) {
+      load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, kv_start + Tr::kBlockN,
+                                       seqlen_k, tid);
+      fa::cp_async_commit();
+    }
+
+    online_softmax<Tr>(s, row_max, row_sum, o_acc, scale_log2);
+    accumulate_pv<Tr, T>(o_acc, s, v_tile, lane);
+  }
+
+  // Epilogue: O and L of this (batch, head), rows [q_start, q_start + kBlockM).
+  T* const o =
+      static_cast<T*>(args.o.ptr) + batch * args.o.batch_stride + head * args.o.head_stride;
+  float* const lse = args.lse == nullptr
+                         ? nullptr
+                         : args.lse + (static_cast<int64_t>(batch) * args.heads + head) * seqlen_q;
+  store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, q_tile, o, args.o.row_stride, lse, q_start,
+                         seqlen_q, args.scale, warp_row0, tid);
+}
+
+// ------------------------------------------------------------------------------------------
+// Launcher
+// ------------------------------------------------------------------------------------------
+
+/// Launches the kernel for one dtype and head dimension: grid (Q blocks, heads, batch).
+template <typename T, int kHeadDim>
+fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
+  using Tr = Traits<kHeadDim>;
+  const auto kernel = flash_forward_kernel<T, kHeadDim>;
+  // More than 48 KiB of dynamic shared memory must be asked for explicitly.
+  if (Tr::kSmemBytes > 48 * 1024)
+    FA_CUDA_TRY(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  const dim3 grid((args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, args.heads, args.batch);
+  const float scale_log2 = static_cast<float>(static_cast<double>(args.scale) * M_LOG2E);
+  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2);
+  FA_LAUNCH_TRY();
+  return FA_OK;
+}
+
+/// The step's forward pass: picks the kernel for the dtype and head dimension.
+fa_status forward(const fa_fwd_args& args, cudaStream_t stream) {
+  const bool bf16 = args.dtype == FA_BF16;
+  switch (args.head_dim) {
+    case 64:
+      return bf16 ? launch<__nv_bfloat16, 64>(args, stream) : launch<__half, 64>(args, stream);
+    case 128:
+      return bf16 ? launch<__nv_bfloat16, 128>(args, stream) : launch<__half, 128>(args, stream);
+    default:
+      return fa::set_error(FA_ERR_UNSUPPORTED, "05_split_q: head_dim %d is not supported",
+                           args.head_dim);
+  }
+}
+
+/// Head dimensions this step was built for.
+bool supports_head_dim(int d) {
+  return d == 64 || d == 128;
+}
+
+// ==========================================================================================
+// The backward pass (this step): FlashAttention-2, Algorithm 2
+// ==========================================================================================
+
+// ------------------------------------------------------------------------------------------
+// Backward tile configuration
+// ------------------------------------------------------------------------------------------
+
+/// \f$\log_2 e\f$: \f$e^x = 2^{x \log_2 e}\f$, so every exponential is one FFMA and one ex2.
 constexpr float kLog2e = 1.4426950408889634f;
+
+/// Rows of the padded per-row scratch (lse in base 2, D): seqlen_q rounded up to a multiple of
+/// every backward q_block, so that a q_block's rows of it load without bounds checks.
+constexpr int kRowPad = 64;
+
+/// Tile shape of the main backward kernel per head dimension: \f$B_c\f$ (kBlockN) keys of the
+/// kv_block a thread block owns, \f$B_r\f$ (kBlockM) query rows per q_block, 8 warps arranged
+/// kWarpsN (keys, 16 each) x kWarpsM (queries), kStagesDo dO buffers. FlashAttention-2 uses
+/// the same \f$B_r \times B_c\f$ on GPUs with 99 KB of shared memory per block.
+template <int kHeadDim>
+struct BwdTileShape;
+template <>
+struct BwdTileShape<64> {
+  static constexpr int kBlockM = 64, kBlockN = 128, kWarpsN = 8, kStagesDo = 2;
+};
+template <>
+struct BwdTileShape<128> {
+  static constexpr int kBlockM = 64, kBlockN = 64, kWarpsN = 4, kStagesDo = 1;
+};
+
+/// Every size the main backward kernel derives from its tile shape. Shared memory: K_j, V_j,
+/// two Q buffers, kStagesDo dO buffers, \f$dS^T\f$ (\f$B_c \times B_r\f$) and, per Q buffer,
+/// the q_block's lse and D: 82,944 bytes (d = 64) and 91,136 bytes (d = 128), within the
+/// 99 KB of every sm_80+ GPU. The epilogue reuses it to stage dK and dV in fp32.
+template <int kHeadDim_>
+struct BwdTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = BwdTileShape<kHeadDim>::kBlockM;  ///< \f$B_r\f$, query rows
+  static constexpr int kBlockN = BwdTileShape<kHeadDim>::kBlockN;  ///< \f$B_c\f$, key rows
+  static constexpr int kStagesDo = BwdTileShape<kHeadDim>::kStagesDo;
+  static constexpr int kNumWarps = 8;
+  static constexpr int kNumThreads = 32 * kNumWarps;
+  static constexpr int kWarpsN = BwdTileShape<kHeadDim>::kWarpsN;  ///< warps along the keys
+  static constexpr int kWarpsM = kNumWarps / kWarpsN;              ///< warps along the queries
+  static constexpr int kWarpCols = kBlockM / kWarpsM;  ///< queries of one warp's S^T slice
+  static constexpr int kNTilesS = kWarpCols / 8;       ///< n8 tiles of S^T (queries)
+  static constexpr int kNTilesD = kHeadDim / 8;        ///< n8 tiles of dK, dV (head dim)
+  static constexpr int kRowBytes = kHeadDim * 2;
+  static constexpr int kChunksPerRow = kHeadDim / 8;
+  static constexpr int kQBytes = kBlockM * kRowBytes;  ///< one Q or dO tile
+  static constexpr int kKBytes = kBlockN * kRowBytes;  ///< one K or V tile
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  static constexpr int kStatBytes = kBlockM * 4;  ///< lse or D of one q_block
+  static constexpr int kOffV = kKBytes;
+  static constexpr int kOffQ = 2 * kKBytes;
+  static constexpr int kOffDo = kOffQ + 2 * kQBytes;
+  static constexpr int kOffDs = kOffDo + kStagesDo * kQBytes;
+  static constexpr int kOffLse = kOffDs + kDsBytes;
+  static constexpr int kOffD = kOffLse + 2 * kStatBytes;
+  static constexpr int kStageStride = kHeadDim + 8;  ///< fp32 staging row, padded
+  static constexpr int kSmemMain = kOffD + 2 * kStatBytes;
+  static constexpr int kSmemEpilogue = 4 * kWarpsM * kBlockN * kStageStride;
+  static constexpr int kSmemBytes = kSmemMain > kSmemEpilogue ? kSmemMain : kSmemEpilogue;
+  // dQ = dS K_j: warps split the q_block into 16-row x kDqCols slices, 32 columns per pass.
+  static constexpr int kDqWarpsM = kBlockM / 16;
+  static constexpr int kDqCols = kHeadDim / (kNumWarps / kDqWarpsM);
+  static constexpr int kDqPassCols = 32;
+
+  static_assert(kBlockN == 16 * kWarpsN, "each warp owns 16 keys (one m16 tile) of S^T");
+  static_assert(kWarpCols % 16 == 0, "a warp's queries are whole k16 steps of P^T dO");
+  static_assert(kDqCols % kDqPassCols == 0, "dQ columns come in whole passes");
+  static_assert(kNumThreads % kChunksPerRow == 0, "a thread copies one column of chunks");
+  static_assert(kSmemBytes <= 99 * 1024, "fits every sm_80+ GPU");
+};
+
+/// Row layout of the \f$dS^T\f$ tile ([kBlockN keys][kBlockM queries], 2-byte elements) for
+/// the swizzle and fragment helpers above.
+template <int kBlockM>
+struct DsLayout {
+  static constexpr int kRowBytes = kBlockM * 2;
+  static_assert(kRowBytes % 128 == 0, "whole swizzle atoms per row");
+};
+
+/// Tile shape of the deterministic dQ kernel: 4 warps of 16 query rows (\f$B_r = 64\f$),
+/// kv_blocks of \f$B_c = 64\f$ keys. Shared memory: Q, dO, two K buffers and one V buffer,
+/// 40 KB (d = 64) or 80 KB (d = 128).
+template <int kHeadDim_>
+struct DqTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 64, kBlockN = 64, kNumWarps = 4;
+  static constexpr int kNumThreads = 32 * kNumWarps;
+  static constexpr int kNTilesS = kBlockN / 8;  ///< n8 tiles of S (keys)
+  static constexpr int kNTilesD = kHeadDim / 8;
+  static constexpr int kRowBytes = kHeadDim * 2;
+  static constexpr int kChunksPerRow = kHeadDim / 8;
+  static constexpr int kQBytes = kBlockM * kRowBytes;
+  static constexpr int kKBytes = kBlockN * kRowBytes;
+  static constexpr int kOffDo = kQBytes;
+  static constexpr int kOffK = 2 * kQBytes;
+  static constexpr int kOffV = kOffK + 2 * kKBytes;
+  static constexpr int kSmemBytes = kOffV + kKBytes;
+  static_assert(kBlockM == 16 * kNumWarps, "each warp owns 16 query rows");
+  static_assert(kBlockM % kRowPad == 0 || kRowPad % kBlockM == 0, "padded scratch covers it");
+};
+
+// ------------------------------------------------------------------------------------------
+// Backward building blocks (per warp, on tensor cores)
+// ------------------------------------------------------------------------------------------
 
 /// Element of T widened to fp32.
 template <typename T>
@@ -45,124 +645,7 @@ __device__ __forceinline__ float to_float(T x) {
   return static_cast<float>(x);
 }
 
-/// Placeholder forward: one warp per query row, keys visited one by one with the online
-/// softmax, \f$O_i = \sum_j e^{S_{ij} - L_i} V_j\f$ and \f$L_i = \log \sum_j e^{S_{ij}}\f$.
-/// A row that sees no key gets \f$O_i = 0\f$, \f$L_i = +\infty\f$.
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(128)
-    placeholder_forward_kernel(const fa_fwd_args args, float scale_log2) {
-  constexpr int kPerLane = kHeadDim / 32;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row = blockIdx.x * 4 + warp, head = blockIdx.y, batch = blockIdx.z;
-  if (row >= args.seqlen_q) return;
-  const int head_kv = head / (args.heads / args.heads_kv);
-  const T* q = static_cast<const T*>(args.q.ptr) + batch * args.q.batch_stride +
-               row * args.q.row_stride + head * args.q.head_stride + lane * kPerLane;
-  float q_reg[kPerLane];
-  for (int c = 0; c < kPerLane; ++c) q_reg[c] = to_float(q[c]);
-  int visible = args.seqlen_k;
-  if (args.causal) visible = min(visible, max(0, row + args.seqlen_k - args.seqlen_q + 1));
-  float row_max = -INFINITY, row_sum = 0.f, o_acc[kPerLane] = {};
-  for (int j = 0; j < visible; ++j) {
-    const T* k = static_cast<const T*>(args.k.ptr) + batch * args.k.batch_stride +
-                 j * args.k.row_stride + head_kv * args.k.head_stride + lane * kPerLane;
-    const T* v = static_cast<const T*>(args.v.ptr) + batch * args.v.batch_stride +
-                 j * args.v.row_stride + head_kv * args.v.head_stride + lane * kPerLane;
-    float s = 0.f;
-    for (int c = 0; c < kPerLane; ++c) s += q_reg[c] * to_float(k[c]);
-    for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
-    s *= scale_log2;
-    const float new_max = fmaxf(row_max, s);
-    const float correction = exp2f(row_max - new_max), p = exp2f(s - new_max);
-    row_sum = row_sum * correction + p;
-    for (int c = 0; c < kPerLane; ++c) o_acc[c] = o_acc[c] * correction + p * to_float(v[c]);
-    row_max = new_max;
-  }
-  T* o = static_cast<T*>(args.o.ptr) + batch * args.o.batch_stride + row * args.o.row_stride +
-         head * args.o.head_stride + lane * kPerLane;
-  const float inv_sum = visible > 0 ? 1.f / row_sum : 0.f;
-  for (int c = 0; c < kPerLane; ++c) o[c] = static_cast<T>(o_acc[c] * inv_sum);
-  if (args.lse != nullptr && lane == 0) {
-    args.lse[(static_cast<int64_t>(batch) * args.heads + head) * args.seqlen_q + row] =
-        visible > 0 ? (row_max + log2f(row_sum)) / kLog2e : INFINITY;
-  }
-}
-
-/// Launches the placeholder forward for one dtype and head dim.
-template <typename T, int kHeadDim>
-fa_status forward_impl(const fa_fwd_args& args, cudaStream_t stream) {
-  dim3 grid((args.seqlen_q + 3) / 4, args.heads, args.batch);
-  placeholder_forward_kernel<T, kHeadDim><<<grid, 128, 0, stream>>>(args, args.scale * kLog2e);
-  FA_LAUNCH_TRY();
-  return FA_OK;
-}
-
-/// Forward pass (placeholder until the 06 forward is copied in).
-fa_status forward(const fa_fwd_args& args, cudaStream_t stream) {
-  if (args.dtype == FA_BF16) {
-    return args.head_dim == 64 ? forward_impl<__nv_bfloat16, 64>(args, stream)
-                               : forward_impl<__nv_bfloat16, 128>(args, stream);
-  }
-  return args.head_dim == 64 ? forward_impl<__half, 64>(args, stream)
-                             : forward_impl<__half, 128>(args, stream);
-}
-
-// ===========================================================================================
-// Backward pass (FlashAttention-2, Algorithm 2).
-// ===========================================================================================
-
-/// Element offset of 16-byte chunk `chunk` of row `row` in a shared-memory tile whose rows
-/// hold `kChunks` chunks (8 elements each). The chunk index is XORed with `row % 8`, so the 8
-/// rows an ldmatrix reads at one logical chunk, and the 8 chunks a quarter-warp of cp.async
-/// writes, fall on 8 different bank groups: no bank conflicts either way.
-template <int kChunks>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-  static_assert(kChunks >= 8, "the swizzle permutes groups of 8 chunks");
-  return (row * kChunks + (chunk ^ (row & 7))) * 8;
-}
-
-/// Copies a `kRows x kHeadDim` tile of a BSHD tensor (row 0 at `gmem`, rows `row_stride`
-/// elements apart) into swizzled shared memory with 16-byte cp.async. Rows at or past
-/// `valid_rows` are zero-filled and never read from device memory.
-template <int kRows, int kHeadDim, int kThreads, typename T>
-__device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_stride,
-                                          int valid_rows, int tid) {
-  constexpr int kChunks = kHeadDim / 8;
-  static_assert((kRows * kChunks) % kThreads == 0, "every thread copies the same count");
-#pragma unroll
-  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
-    const int idx = tid + i * kThreads;
-    const int row = idx / kChunks, chunk = idx % kChunks;
-    const bool valid = row < valid_rows;
-    fa::cp_async_16(smem + swizzle<kChunks>(row, chunk),
-                    gmem + (valid ? row : 0) * row_stride + chunk * 8, valid);
-  }
-}
-
-/// Adds two adjacent floats to fp32 device memory (`dst` 8-byte aligned). sm_90 has a
-/// vector `red.global.add.v2.f32`; older GPUs take two scalar atomics.
-__device__ __forceinline__ void atomic_add_pair(float* dst, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x, y));
-#else
-  atomicAdd(dst, x);
-  atomicAdd(dst + 1, y);
-#endif
-}
-
-/// Packs an fp32 accumulator (m16n8 C layout, `acc[n8 tile][4]`) into 16-bit pairs:
-/// `out[tile][0]` = row `lane/4`, `out[tile][1]` = row `lane/4 + 8`, columns `2(lane%4)..+1`.
-template <typename T, int kTiles>
-__device__ __forceinline__ void pack_fragment(uint32_t (&out)[kTiles][2],
-                                              const float (&acc)[kTiles][4]) {
-#pragma unroll
-  for (int nt = 0; nt < kTiles; ++nt) {
-    out[nt][0] = fa::pack2<T>(acc[nt][0], acc[nt][1]);
-    out[nt][1] = fa::pack2<T>(acc[nt][2], acc[nt][3]);
-  }
-}
-
-/// Element `hi` (0: low, 1: high) of a pair packed by fa::pack2, widened to fp32.
+/// Element `hi` (0 low, 1 high) of a pair packed by fa::pack2, widened to fp32.
 template <typename T>
 __device__ __forceinline__ float unpack_half(uint32_t pair, int hi);
 template <>
@@ -174,69 +657,94 @@ __device__ __forceinline__ float unpack_half<__nv_bfloat16>(uint32_t pair, int h
   return __uint_as_float(hi ? pair & 0xffff0000u : pair << 16);
 }
 
-/// Warp-level \f$C \mathrel{+}= A B^T\f$ on tensor cores: \f$A\f$ is rows `a_row0..+15` and
-/// \f$B\f$ rows `b_row0..+kN-1` of two swizzled shared-memory tiles stored [row][k] (k =
-/// `kK` contiguous elements, e.g. the head dim), so both operands load with plain ldmatrix:
-/// A as four 8x8 matrices (rows 0-7 / 8-15 x k 0-7 / 8-15), B as two n8 tiles per x4. `acc` is
-/// the 16 x kN fp32 accumulator in the m16n8 C layout of mma.cuh.
-template <typename T, int kN, int kK>
-__device__ __forceinline__ void warp_mma_abt(float (&acc)[kN / 8][4], const T* a_tile, int a_row0,
-                                             const T* b_tile, int b_row0, int lane) {
-  constexpr int kChunks = kK / 8;
-#pragma unroll 4
-  for (int kk = 0; kk < kK / 16; ++kk) {
-    uint32_t a[4];
-    fa::ldmatrix_x4(a, a_tile + swizzle<kChunks>(a_row0 + (lane & 7) + 8 * ((lane >> 3) & 1),
-                                                 2 * kk + (lane >> 4)));
+/// Packs an fp32 accumulator (m16n8 C layout, `acc[n8 tile][4]`) into 16-bit pairs:
+/// `out[tile][0]` holds row lane/4, `out[tile][1]` row lane/4 + 8, columns 2 (lane % 4) + {0, 1}.
+/// Tiles 2t and 2t + 1 of the result are the A fragment of k16 step t of a following mma.
+template <typename T, int kTiles>
+__device__ __forceinline__ void pack_fragments(uint32_t (&out)[kTiles][2],
+                                               const float (&acc)[kTiles][4]) {
 #pragma unroll
-    for (int nt = 0; nt < kN / 8; nt += 2) {
-      uint32_t b[4];
-      fa::ldmatrix_x4(b, b_tile + swizzle<kChunks>(b_row0 + nt * 8 + (lane & 7) + 8 * (lane >> 4),
-                                                   2 * kk + ((lane >> 3) & 1)));
-      fa::mma_m16n8k16<T>(acc[nt], a, {b[0], b[1]});
-      fa::mma_m16n8k16<T>(acc[nt + 1], a, {b[2], b[3]});
+  for (int nt = 0; nt < kTiles; ++nt) {
+    out[nt][0] = fa::pack2<T>(acc[nt][0], acc[nt][1]);
+    out[nt][1] = fa::pack2<T>(acc[nt][2], acc[nt][3]);
+  }
+}
+
+/// \f$C = A B^T\f$ for one warp: \f$A\f$ is rows [a_row0, a_row0 + 16) and \f$B\f$ rows
+/// [b_row0, b_row0 + 8 kNTiles) of two swizzled row-major tiles whose rows are head-dim
+/// vectors (Q, K, V, dO), so both operands load with the non-transposing ldmatrix, as
+/// \f$Q K^T\f$ does in the forward. Gives \f$S^T = K Q^T\f$, \f$dP^T = V dO^T\f$ (main kernel)
+/// and \f$S = Q K^T\f$, \f$dP = dO V^T\f$ (dQ kernel); `acc` starts at zero.
+template <class Tr, int kNTiles, typename T>
+__device__ __forceinline__ void mma_abt(float (&acc)[kNTiles][4], const char* a_tile, int a_row0,
+                                        const char* b_tile, int b_row0, int lane) {
+  const uint32_t a_offset = a_lane_offset<Tr>(lane);
+  const uint32_t b_offset = b_lane_offset<Tr>(lane);
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+#pragma unroll 4  // d = 128: two rounds of 4 k16 steps (a full unroll spills)
+  for (int k_step = 0; k_step < Tr::kHeadDim / 16; ++k_step) {
+    uint32_t a_frag[4];
+    load_a_fragment<Tr>(a_frag, a_tile, a_offset, a_row0, k_step);
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; nt += 2) {
+      uint32_t b_frag[2][2];
+      load_b_fragments<Tr>(b_frag, b_tile, b_offset, b_row0 + 8 * nt, k_step);
+      fa::mma_m16n8k16<T>(acc[nt], a_frag, b_frag[0]);
+      fa::mma_m16n8k16<T>(acc[nt + 1], a_frag, b_frag[1]);
     }
   }
 }
 
-/// Warp-level \f$C \mathrel{+}= A B\f$ with \f$A\f$ (16 x kK) already in registers as packed
-/// 16-bit pairs in the C layout of an earlier product (`a[n8 tile][row half]`, see
-/// `pack_fragment`): two adjacent n8 accumulator tiles are exactly one k16 A operand, so
-/// \f$P\f$ and \f$dS\f$ feed the next product without leaving registers. \f$B\f$ (kK x kN) is
-/// rows `b_row0..` of a swizzled [k][n] tile with `kRowChunks` chunks per row, starting at
-/// column chunk `b_chunk0`; k runs down the rows, so it loads with ldmatrix.trans.
-template <typename T, int kN, int kK, int kRowChunks>
-__device__ __forceinline__ void warp_mma_ab_reg(float (&acc)[kN / 8][4],
-                                                const uint32_t (&a)[kK / 8][2], const T* b_tile,
-                                                int b_row0, int b_chunk0, int lane) {
+/// \f$C \mathrel{+}= A B\f$ for one warp with \f$A\f$ (16 x 16 kKSteps) in registers, packed by
+/// pack_fragments from an earlier product (\f$P^T\f$, \f$dS^T\f$, or \f$dS\f$): the
+/// accumulator never goes through shared memory, as P in the forward's \f$P V\f$. \f$B\f$ is
+/// rows [b_row0, b_row0 + 16 kKSteps) and head-dim columns [col0, col0 + 8 kNTiles) of a
+/// swizzled row-major tile (dO, Q or K); k runs down its rows, so it loads with
+/// ldmatrix.trans, as V does in the forward.
+template <class Tr, int kNTiles, int kKSteps, typename T>
+__device__ __forceinline__ void mma_reg_ab(float (&acc)[kNTiles][4],
+                                           const uint32_t (&a)[2 * kKSteps][2], const char* b_tile,
+                                           int b_row0, int col0, int lane) {
+  const uint32_t a_offset = a_lane_offset<Tr>(lane);  // the .trans B pattern is A's
 #pragma unroll
-  for (int t = 0; t < kK / 16; ++t) {
+  for (int t = 0; t < kKSteps; ++t) {
     const uint32_t a_frag[4] = {a[2 * t][0], a[2 * t][1], a[2 * t + 1][0], a[2 * t + 1][1]};
 #pragma unroll
-    for (int nd = 0; nd < kN / 8; nd += 2) {
-      uint32_t b[4];
-      fa::ldmatrix_x4_trans(
-          b, b_tile + swizzle<kRowChunks>(b_row0 + 16 * t + (lane & 7) + 8 * ((lane >> 3) & 1),
-                                          b_chunk0 + nd + (lane >> 4)));
-      fa::mma_m16n8k16<T>(acc[nd], a_frag, {b[0], b[1]});
-      fa::mma_m16n8k16<T>(acc[nd + 1], a_frag, {b[2], b[3]});
+    for (int nd = 0; nd < kNTiles; nd += 2) {
+      uint32_t b_frag[2][2];
+      load_b_fragments_trans<Tr>(b_frag, b_tile, a_offset, b_row0 / 16 + t, col0 + 8 * nd);
+      fa::mma_m16n8k16<T>(acc[nd], a_frag, b_frag[0]);
+      fa::mma_m16n8k16<T>(acc[nd + 1], a_frag, b_frag[1]);
     }
   }
 }
 
-/// Rows of the padded per-row scratch (`lse_log2`, `d_row`): seqlen_q rounded up to a multiple
-/// of every q_block size, so that q_block loads of it need no bounds check.
-constexpr int kRowPad = 64;
+/// Adds two adjacent floats to fp32 device memory (`dst` 8-byte aligned): one vector
+/// `red.global.add.v2.f32` on sm_90, two scalar atomics before.
+__device__ __forceinline__ void atomic_add_pair(float* dst, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x, y));
+#else
+  atomicAdd(dst, x);
+  atomicAdd(dst + 1, y);
+#endif
+}
 
-/// Preprocess, one group of 8 threads per query row (i, head, batch):
-/// \f$D_i = \sum_c dO_{ic} O_{ic}\f$ (fp32), \f$L_i \log_2 e\f$ (for the exp2 trick) and, when
-/// `dq_accum` is not null, a zeroed fp32 dQ accumulator row. Padding rows
-/// \f$N_q \le i < N_{q,\mathrm{pad}}\f$ get \f$D_i = 0\f$ and \f$L_i = +\infty\f$, so that they
-/// contribute \f$P = 0\f$.
+// ------------------------------------------------------------------------------------------
+// Kernel 1: preprocess
+// ------------------------------------------------------------------------------------------
+
+/// Preprocess, 8 threads per query row (i, head, batch): \f$D_i = \sum_c dO_{ic} O_{ic}\f$ in
+/// fp32, the lse in base 2 (\f$L_i \log_2 e\f$, for the exp2 trick) and, when `dq_accum` is
+/// not null, a zeroed fp32 dQ accumulator row. Padding rows \f$N_q \le i < N_{q,pad}\f$ get
+/// \f$D_i = 0\f$ and \f$L_i = +\infty\f$, so that they contribute \f$P = 0\f$.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(256)
-    flash_bwd_preprocess_kernel(const fa_bwd_args args, int seqlen_q_pad, float* lse_log2,
-                                float* d_row, float* dq_accum) {
+    bwd_preprocess_kernel(const fa_bwd_args args, int seqlen_q_pad, float* lse_log2, float* d_row,
+                          float* dq_accum) {
   constexpr int kLanesPerRow = 8, kChunksPerLane = kHeadDim / 8 / kLanesPerRow;
   const fa_fwd_args& f = args.fwd;
   const int row = blockIdx.x * (256 / kLanesPerRow) + threadIdx.x / kLanesPerRow;
@@ -272,68 +780,37 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-/// Tile shape of the main (dK, dV) kernel for one head dimension. 8 warps; `kBlockN` keys of
-/// a kv_block (16 per warp row), `kBlockM` queries of a q_block, `kWarpsN x kWarpsM` warps
-/// over (keys x queries) for \f$S^T\f$, \f$dP^T\f$, \f$dV\f$ and \f$dK\f$; `kStagesDo` dO buffers.
-/// Both fit the 99 KB of shared memory of every sm_80+ GPU.
-template <int kHeadDim>
-struct BwdTiles;
-template <>
-struct BwdTiles<64> {
-  static constexpr int kBlockN = 128, kBlockM = 64, kWarpsN = 8, kStagesDo = 2;
-};
-template <>
-struct BwdTiles<128> {
-  static constexpr int kBlockN = 64, kBlockM = 64, kWarpsN = 4, kStagesDo = 1;
-};
+// ------------------------------------------------------------------------------------------
+// Kernel 2: dK, dV (and dQ by atomics), K/V outer loop
+// ------------------------------------------------------------------------------------------
 
-/// Threads of the main kernel.
-constexpr int kBwdThreads = 256;
-
-/// Shared memory of the main kernel: K, V, two Q buffers, dO buffers, \f$dS^T\f$ (atomic mode
-/// only), and per stage the q_block's \f$L \log_2 e\f$ and D. The epilogue reuses it as an fp32
-/// staging area for dK and dV; the launch takes the larger of the two.
-template <int kHeadDim, bool kAtomicDq>
-constexpr int dkdv_smem_bytes() {
-  using C = BwdTiles<kHeadDim>;
-  constexpr int kMain =
-      2 * (2 * C::kBlockN * kHeadDim + (2 + C::kStagesDo) * C::kBlockM * kHeadDim +
-           (kAtomicDq ? C::kBlockN * C::kBlockM : 0)) +
-      4 * (2 * 2 * C::kBlockM);
-  constexpr int kEpilogue = 4 * (kBwdThreads / 32 / C::kWarpsN) * C::kBlockN * (kHeadDim + 8);
-  return kMain > kEpilogue ? kMain : kEpilogue;
-}
-
-/// Writes one kv_block's dK or dV (`mult` times the sum of the warps' fp32 partials `acc`) to
-/// device memory. The accumulator fragments go to an fp32 staging tile in shared memory
-/// (padded rows, conflict-free), the `kWarpsM` partials of a key row (warps that split the
-/// queries) are summed there, and each thread stores 16-byte chunks; rows at or past
-/// `valid_rows` are not stored.
-template <int kHeadDim, int kBlockN, int kWarpsM, typename T>
-__device__ __forceinline__ void store_kv_grad(const float (&acc)[kHeadDim / 8][4], float mult,
-                                              float* stage, T* gmem, int64_t row_stride,
-                                              int valid_rows, int warp_m, int key0, int lane,
-                                              int tid) {
-  constexpr int kStride = kHeadDim + 8, kChunks = kHeadDim / 8;
+/// Writes one kv_block's dV or dK: `mult` times the sum of the kWarpsM warps' fp32 partials
+/// `acc` (warps that split the queries hold partial sums over their queries). The fragments
+/// go to an fp32 staging tile in shared memory (rows padded by 8 floats: conflict-free), are
+/// summed there, and leave as 16-byte stores; rows at or past `valid_rows` are not stored.
+template <class Tr, typename T>
+__device__ __forceinline__ void store_kv_grad(const float (&acc)[Tr::kNTilesD][4], float mult,
+                                              float* staging, T* gmem, int64_t row_stride,
+                                              int valid_rows, int warp_m, int key0, int tid) {
+  const int lane = tid % 32;
   __syncthreads();  // the staging area is free
-  float* mine = stage + (warp_m * kBlockN + key0 + lane / 4) * kStride + 2 * (lane % 4);
+  float* mine =
+      staging + (warp_m * Tr::kBlockN + key0 + lane / 4) * Tr::kStageStride + 2 * (lane % 4);
 #pragma unroll
-  for (int nd = 0; nd < kHeadDim / 8; ++nd) {
+  for (int nd = 0; nd < Tr::kNTilesD; ++nd)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      *reinterpret_cast<float2*>(mine + half * 8 * kStride + nd * 8) =
-          make_float2(acc[nd][2 * half], acc[nd][2 * half + 1]);
-    }
-  }
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<float2*>(mine + 8 * h * Tr::kStageStride + 8 * nd) =
+          make_float2(acc[nd][2 * h], acc[nd][2 * h + 1]);
   __syncthreads();
 #pragma unroll
-  for (int idx = tid; idx < kBlockN * kChunks; idx += kBwdThreads) {
-    const int row = idx / kChunks, chunk = idx % kChunks;
+  for (int idx = tid; idx < Tr::kBlockN * Tr::kChunksPerRow; idx += Tr::kNumThreads) {
+    const int row = idx / Tr::kChunksPerRow, chunk = idx % Tr::kChunksPerRow;
     float sum[8] = {};
 #pragma unroll
-    for (int wm = 0; wm < kWarpsM; ++wm) {
-      const float4* src =
-          reinterpret_cast<const float4*>(stage + (wm * kBlockN + row) * kStride + chunk * 8);
+    for (int wm = 0; wm < Tr::kWarpsM; ++wm) {
+      const float4* src = reinterpret_cast<const float4*>(
+          staging + (wm * Tr::kBlockN + row) * Tr::kStageStride + 8 * chunk);
       const float4 lo = src[0], hi = src[1];
       sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
       sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
@@ -344,247 +821,243 @@ __device__ __forceinline__ void store_kv_grad(const float (&acc)[kHeadDim / 8][4
       out.y = fa::pack2<T>(sum[2] * mult, sum[3] * mult);
       out.z = fa::pack2<T>(sum[4] * mult, sum[5] * mult);
       out.w = fa::pack2<T>(sum[6] * mult, sum[7] * mult);
-      *reinterpret_cast<uint4*>(gmem + row * row_stride + chunk * 8) = out;
+      *reinterpret_cast<uint4*>(gmem + row * row_stride + 8 * chunk) = out;
     }
   }
 }
 
-/// Main backward kernel, one thread block per (kv_block j, kv head, batch). K_j and V_j stay
-/// in shared memory, \f$dK_j\f$ and \f$dV_j\f$ in registers; the inner loop walks the q_blocks
-/// i of every query head of the GQA group (under causal masking only those with a row that
-/// sees a key of the block) and, with \f$P\f$ recomputed from the stored lse,
-/// \f[ P_{ij} = 2^{S_{ij}\log_2 e - L_i \log_2 e},\quad dV_j \mathrel{+}= P_{ij}^T dO_i,\quad
+/// Main backward kernel: one thread block per (kv_block j, kv head, batch), grid
+/// (\f$\lceil N_k / B_c \rceil\f$, \f$H_{kv}\f$, B). The loop order of the forward flips: K_j and
+/// V_j stay in shared memory and \f$dK_j\f$, \f$dV_j\f$ in registers, while the inner loop
+/// walks the q_blocks i of every query head of the GQA group (under causal masking only
+/// those with a row that sees a key of kv_block j). With \f$P\f$ recomputed from the lse:
+/// \f[ P_{ij} = 2^{\,S_{ij} \log_2 e - L_i \log_2 e},\quad dV_j \mathrel{+}= P_{ij}^T dO_i,\quad
 ///     dP_{ij} = dO_i V_j^T,\quad dS_{ij} = P_{ij} \circ (dP_{ij} - D_i), \f]
-/// \f[ dK_j \mathrel{+}= \mathrm{scale}\cdot dS_{ij}^T Q_i,\quad
-///     dQ_i \mathrel{+}= dS_{ij} K_j \ \text{(atomic mode; scaled by the convert kernel)}. \f]
-/// Each warp computes a slice of \f$S^T = K Q^T\f$ and \f$dP^T = V dO^T\f$ (16 keys x
-/// kBlockM / kWarpsM queries); their accumulator fragments are, converted to 16 bits, exactly
-/// the A operands of \f$P^T dO\f$ and \f$dS^T Q\f$, so P never leaves registers. \f$dS^T\f$ goes
-/// through shared memory once, to feed \f$dS K\f$, whose reduction runs over all keys.
+/// \f[ dK_j \mathrel{+}= \mathrm{scale}\; dS_{ij}^T Q_i,\qquad
+///     \mathrm{dq\_accum}_i \mathrel{+}= dS_{ij} K_j \ \text{(fp32 atomics, kAtomicDq)}. \f]
+/// Warp (n, m) computes the transposed scores \f$S^T = K Q^T\f$ and \f$dP^T = V dO^T\f$ for its
+/// 16 keys and kWarpCols queries: their fragments, packed to 16 bits, are directly the A
+/// operands of \f$P^T dO\f$ and \f$dS^T Q\f$, so P never leaves registers. \f$dS^T\f$ goes through
+/// shared memory once, to feed \f$dS K_j\f$, which sums over all keys of the block.
+/// Per q_block: wait for Q_i, dO_i (loaded during the previous one), start loading Q_{i+1}
+/// (and dO_{i+1} with two dO buffers), then the five products.
 template <typename T, int kHeadDim, bool kAtomicDq>
-__global__ void __launch_bounds__(kBwdThreads, 1)
-    flash_bwd_dkdv_kernel(const fa_bwd_args args, float* dq_accum, const float* lse_log2,
-                          const float* d_row, int seqlen_q_pad, float scale_log2) {
-  using C = BwdTiles<kHeadDim>;
-  constexpr int kBlockN = C::kBlockN, kBlockM = C::kBlockM, kStagesDo = C::kStagesDo;
-  constexpr int kWarpsN = C::kWarpsN, kWarpsM = kBwdThreads / 32 / kWarpsN;
-  constexpr int kWarpQ = kBlockM / kWarpsM;  // queries per warp in S^T, dP^T, dV, dK
-  constexpr int kChunks = kHeadDim / 8, kDsChunks = kBlockM / 8;
-  constexpr int kTileQ = kBlockM * kHeadDim, kTileK = kBlockN * kHeadDim;
-  static_assert(kBlockN == 16 * kWarpsN && kWarpQ % 16 == 0, "warp tiles are m16 x k16");
-
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* s_k = reinterpret_cast<T*>(smem_raw);
-  T* s_v = s_k + kTileK;
-  T* s_q = s_v + kTileK;                // [2][kBlockM][kHeadDim]
-  T* s_do = s_q + 2 * kTileQ;           // [kStagesDo][kBlockM][kHeadDim]
-  T* s_ds = s_do + kStagesDo * kTileQ;  // [kBlockN][kBlockM]: dS^T (atomic mode)
-  float* s_lse = reinterpret_cast<float*>(s_ds + (kAtomicDq ? kBlockN * kBlockM : 0));  // [2][M]
-  float* s_d = s_lse + 2 * kBlockM;                                                     // [2][M]
+__global__ void __launch_bounds__(BwdTraits<kHeadDim>::kNumThreads, 1)
+    bwd_dk_dv_kernel(const fa_bwd_args args, float* dq_accum, const float* lse_log2,
+                     const float* d_row, int seqlen_q_pad, float scale_log2) {
+  using Tr = BwdTraits<kHeadDim>;
+  using Ds = DsLayout<Tr::kBlockM>;
+  extern __shared__ __align__(128) char smem[];
+  char* const k_tile = smem;
+  char* const v_tile = smem + Tr::kOffV;
+  char* const ds_tile = smem + Tr::kOffDs;  // dS^T, [key][query]
 
   const fa_fwd_args& f = args.fwd;
   const int kv_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int lane_row = lane / 4, lane_col = lane % 4;  // fragment row and column pair
-  const int warp_n = warp % kWarpsN, warp_m = warp / kWarpsN;
-  const int key0 = warp_n * 16, query0 = warp_m * kWarpQ;  // this warp's slice of the tile
+  const int group = lane / 4, quad = lane % 4;  // fragment row and column pair
+  const int warp_n = warp % Tr::kWarpsN, warp_m = warp / Tr::kWarpsN;
+  const int key0 = 16 * warp_n;               // this warp's keys in the kv_block
+  const int query0 = Tr::kWarpCols * warp_m;  // this warp's queries in the q_block
   const int group_size = f.heads / f.heads_kv;
-  const int kv_base = kv_block * kBlockN;
-  const int offset = f.seqlen_k - f.seqlen_q;  // causal: row i sees key j iff j <= i + offset
+  const int seqlen_q = f.seqlen_q, seqlen_k = f.seqlen_k;
+  const int kv_start = kv_block * Tr::kBlockN;
+  const int diag = seqlen_k - seqlen_q;  // causal: row i sees key j iff j <= i + diag
 
-  // Q blocks this kv_block needs: all of them, or under causal masking those from the first
-  // one holding a row i >= kv_base - offset (earlier ones are fully masked: skipped).
-  const int num_q_blocks = (f.seqlen_q + kBlockM - 1) / kBlockM;
-  const int m_begin = f.causal ? min(num_q_blocks, max(0, kv_base - offset) / kBlockM) : 0;
-  const int m_count = num_q_blocks - m_begin;
-  const int num_iters = group_size * m_count;  // (query head of the group, q_block) pairs
+  // The q_blocks this kv_block meets: all, or under causal masking those from the first one
+  // holding a row i >= kv_start - diag (the rows before see none of its keys: skipped).
+  const int n_q_blocks = (seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int m_begin = f.causal ? min(n_q_blocks, max(0, kv_start - diag) / Tr::kBlockM) : 0;
+  const int m_count = n_q_blocks - m_begin;
+  const int n_iters = group_size * m_count;  // (query head of the group, q_block) pairs
 
-  const T* q_gmem = static_cast<const T*>(f.q.ptr) + batch * f.q.batch_stride;
-  const T* do_gmem = static_cast<const T*>(args.d_o.ptr) + batch * args.d_o.batch_stride;
+  const T* const k =
+      static_cast<const T*>(f.k.ptr) + batch * f.k.batch_stride + head_kv * f.k.head_stride;
+  const T* const v =
+      static_cast<const T*>(f.v.ptr) + batch * f.v.batch_stride + head_kv * f.v.head_stride;
 
-  // Loads the q_block of iteration `it` (Q, and dO if `with_do`; lse and D with Q).
+  // Starts loading iteration it's q_block into buffer it % 2: Q with its lse and D, and/or dO.
   auto load_q_block = [&](int it, bool with_q, bool with_do) {
     const int head = head_kv * group_size + it / m_count;
-    const int q_base = (m_begin + it % m_count) * kBlockM;
-    const int stage = it & 1;
+    const int q_start = (m_begin + it % m_count) * Tr::kBlockM;
+    const int buf = it & 1;
     if (with_q) {
-      load_tile<kBlockM, kHeadDim, kBwdThreads>(
-          s_q + stage * kTileQ, q_gmem + head * f.q.head_stride + q_base * f.q.row_stride,
-          f.q.row_stride, f.seqlen_q - q_base, tid);
-      const int64_t row0 = (static_cast<int64_t>(batch) * f.heads + head) * seqlen_q_pad + q_base;
-      if (tid < kBlockM / 4) {
-        fa::cp_async_16(s_lse + stage * kBlockM + tid * 4, lse_log2 + row0 + tid * 4, true);
-      } else if (tid < kBlockM / 2) {
-        const int i = tid - kBlockM / 4;
-        fa::cp_async_16(s_d + stage * kBlockM + i * 4, d_row + row0 + i * 4, true);
-      }
+      const T* q =
+          static_cast<const T*>(f.q.ptr) + batch * f.q.batch_stride + head * f.q.head_stride;
+      load_tile_async<Tr, Tr::kBlockM>(smem + Tr::kOffQ + buf * Tr::kQBytes, q, f.q.row_stride,
+                                       q_start, seqlen_q, tid);
+      const int64_t row0 = (static_cast<int64_t>(batch) * f.heads + head) * seqlen_q_pad + q_start;
+      constexpr int kChunks = Tr::kStatBytes / 16;
+      if (tid < kChunks)
+        fa::cp_async_16(smem + Tr::kOffLse + buf * Tr::kStatBytes + 16 * tid,
+                        lse_log2 + row0 + 4 * tid, true);
+      else if (tid < 2 * kChunks)
+        fa::cp_async_16(smem + Tr::kOffD + buf * Tr::kStatBytes + 16 * (tid - kChunks),
+                        d_row + row0 + 4 * (tid - kChunks), true);
     }
     if (with_do) {
-      load_tile<kBlockM, kHeadDim, kBwdThreads>(
-          s_do + (kStagesDo == 2 ? stage : 0) * kTileQ,
-          do_gmem + head * args.d_o.head_stride + q_base * args.d_o.row_stride, args.d_o.row_stride,
-          f.seqlen_q - q_base, tid);
+      const T* d_o = static_cast<const T*>(args.d_o.ptr) + batch * args.d_o.batch_stride +
+                     head * args.d_o.head_stride;
+      load_tile_async<Tr, Tr::kBlockM>(
+          smem + Tr::kOffDo + (Tr::kStagesDo == 2 ? buf : 0) * Tr::kQBytes, d_o,
+          args.d_o.row_stride, q_start, seqlen_q, tid);
     }
   };
 
-  const int64_t k_off = batch * f.k.batch_stride + head_kv * f.k.head_stride;
-  const int64_t v_off = batch * f.v.batch_stride + head_kv * f.v.head_stride;
-  load_tile<kBlockN, kHeadDim, kBwdThreads>(
-      s_k, static_cast<const T*>(f.k.ptr) + k_off + kv_base * f.k.row_stride, f.k.row_stride,
-      f.seqlen_k - kv_base, tid);
-  load_tile<kBlockN, kHeadDim, kBwdThreads>(
-      s_v, static_cast<const T*>(f.v.ptr) + v_off + kv_base * f.v.row_stride, f.v.row_stride,
-      f.seqlen_k - kv_base, tid);
-  if (num_iters > 0) load_q_block(0, true, true);
+  // Prologue: K_j, V_j and the first q_block in one cp.async group.
+  load_tile_async<Tr, Tr::kBlockN>(k_tile, k, f.k.row_stride, kv_start, seqlen_k, tid);
+  load_tile_async<Tr, Tr::kBlockN>(v_tile, v, f.v.row_stride, kv_start, seqlen_k, tid);
+  if (n_iters > 0) load_q_block(0, true, true);
   fa::cp_async_commit();
 
-  float dv_acc[kHeadDim / 8][4] = {};  // dV_j, this warp's 16 keys x kHeadDim
-  float dk_acc[kHeadDim / 8][4] = {};  // dK_j (unscaled)
+  // On-chip state for the whole loop: this warp's rows of dV_j and (unscaled) dK_j.
+  float dv_acc[Tr::kNTilesD][4], dk_acc[Tr::kNTilesD][4];
+#pragma unroll
+  for (int nd = 0; nd < Tr::kNTilesD; ++nd)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dv_acc[nd][e] = dk_acc[nd][e] = 0.f;
 
-  for (int it = 0; it < num_iters; ++it) {
+  for (int it = 0; it < n_iters; ++it) {
     const int head = head_kv * group_size + it / m_count;
-    const int q_base = (m_begin + it % m_count) * kBlockM;
-    const int stage = it & 1;
-    const T* q_tile = s_q + stage * kTileQ;
-    const T* do_tile = s_do + (kStagesDo == 2 ? stage : 0) * kTileQ;
+    const int q_start = (m_begin + it % m_count) * Tr::kBlockM;
+    const int buf = it & 1;
+    const char* const q_tile = smem + Tr::kOffQ + buf * Tr::kQBytes;
+    const char* const do_tile = smem + Tr::kOffDo + (Tr::kStagesDo == 2 ? buf : 0) * Tr::kQBytes;
+    const float* const lse_tile =
+        reinterpret_cast<const float*>(smem + Tr::kOffLse) + buf * Tr::kBlockM;
+    const float* const d_tile =
+        reinterpret_cast<const float*>(smem + Tr::kOffD) + buf * Tr::kBlockM;
 
     fa::cp_async_wait<0>();
-    __syncthreads();  // Q_i, dO_i, lse, D have landed; the other stage is free
-    if (it + 1 < num_iters) load_q_block(it + 1, true, kStagesDo == 2);
+    __syncthreads();  // Q_i, dO_i, lse, D have landed; every warp is done with the other buffer
+    if (it + 1 < n_iters) load_q_block(it + 1, true, Tr::kStagesDo == 2);
     fa::cp_async_commit();
 
-    // P is recomputed, never stored: S^T = K_j Q_i^T (16 keys x kWarpQ queries per warp),
-    // P^T = exp2(S^T scale log2e - L log2e) with masked entries (keys past N_k in a ragged
-    // last kv_block; causal j > i + offset) set to 0.
-    const bool need_mask =
-        kv_base + kBlockN > f.seqlen_k || (f.causal && kv_base + kBlockN - 1 > q_base + offset);
-    const float* lse_tile = s_lse + stage * kBlockM;
-    const float* d_tile = s_d + stage * kBlockM;
-    uint32_t p_pack[kWarpQ / 8][2];
+    // P^T = exp2(S^T scale log2e - L log2e), S^T = K_j Q_i^T recomputed. Zero where the key
+    // does not exist (ragged last kv_block) or, under causal masking, j > i + diag: only
+    // blocks that cross the diagonal need the test.
+    const bool needs_mask = kv_start + Tr::kBlockN > seqlen_k ||
+                            (f.causal && kv_start + Tr::kBlockN - 1 > q_start + diag);
+    uint32_t p_frag[Tr::kNTilesS][2];
     {
-      float s_acc[kWarpQ / 8][4] = {};
-      warp_mma_abt<T, kWarpQ, kHeadDim>(s_acc, s_k, key0, q_tile, query0, lane);
+      float s[Tr::kNTilesS][4];
+      mma_abt<Tr, Tr::kNTilesS, T>(s, k_tile, key0, q_tile, query0, lane);
 #pragma unroll
-      for (int nt = 0; nt < kWarpQ / 8; ++nt) {
-        const int q_local = query0 + nt * 8 + 2 * lane_col;  // columns are queries
-        const float2 lse2 = *reinterpret_cast<const float2*>(lse_tile + q_local);
+      for (int nt = 0; nt < Tr::kNTilesS; ++nt) {
+        const int col = query0 + 8 * nt + 2 * quad;  // S^T columns are queries
+        const float2 lse = *reinterpret_cast<const float2*>(lse_tile + col);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float p = fa::exp2_approx(fmaf(s_acc[nt][e], scale_log2, (e & 1) ? -lse2.y : -lse2.x));
-          if (need_mask) {
-            const int key = kv_base + key0 + lane_row + 8 * (e >> 1);
-            const int query = q_base + q_local + (e & 1);
-            if (key >= f.seqlen_k || (f.causal && key > query + offset)) p = 0.f;
+          float p = fa::exp2_approx(fmaf(s[nt][e], scale_log2, (e & 1) ? -lse.y : -lse.x));
+          if (needs_mask) {
+            const int key = kv_start + key0 + group + 8 * (e >> 1);
+            const int row = q_start + col + (e & 1);
+            if (key >= seqlen_k || (f.causal && key > row + diag)) p = 0.f;
           }
-          s_acc[nt][e] = p;
+          s[nt][e] = p;
         }
       }
-      pack_fragment<T>(p_pack, s_acc);
+      pack_fragments<T>(p_frag, s);
     }
-    // dV_j += P^T dO_i (B = dO_i, [query][d], k = query).
-    warp_mma_ab_reg<T, kHeadDim, kWarpQ, kChunks>(dv_acc, p_pack, do_tile, query0, 0, lane);
+    // dV_j += P^T dO_i.
+    mma_reg_ab<Tr, Tr::kNTilesD, Tr::kNTilesS / 2, T>(dv_acc, p_frag, do_tile, query0, 0, lane);
 
-    // dP^T = V_j dO_i^T, dS^T = P^T (dP^T - D).
-    uint32_t ds_pack[kWarpQ / 8][2];
+    // dP^T = V_j dO_i^T and dS^T = P^T o (dP^T - D).
+    uint32_t ds_frag[Tr::kNTilesS][2];
     {
-      float dp_acc[kWarpQ / 8][4] = {};
-      warp_mma_abt<T, kWarpQ, kHeadDim>(dp_acc, s_v, key0, do_tile, query0, lane);
+      float dp[Tr::kNTilesS][4];
+      mma_abt<Tr, Tr::kNTilesS, T>(dp, v_tile, key0, do_tile, query0, lane);
 #pragma unroll
-      for (int nt = 0; nt < kWarpQ / 8; ++nt) {
-        const float2 d2 = *reinterpret_cast<const float2*>(d_tile + query0 + nt * 8 + 2 * lane_col);
+      for (int nt = 0; nt < Tr::kNTilesS; ++nt) {
+        const float2 d = *reinterpret_cast<const float2*>(d_tile + query0 + 8 * nt + 2 * quad);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float p = unpack_half<T>(p_pack[nt][e >> 1], e & 1);
-          dp_acc[nt][e] = p * (dp_acc[nt][e] - ((e & 1) ? d2.y : d2.x));
-        }
+        for (int e = 0; e < 4; ++e)
+          dp[nt][e] =
+              unpack_half<T>(p_frag[nt][e >> 1], e & 1) * (dp[nt][e] - ((e & 1) ? d.y : d.x));
       }
-      pack_fragment<T>(ds_pack, dp_acc);
+      pack_fragments<T>(ds_frag, dp);
     }
-    // dK_j += dS^T Q_i (B = Q_i, [query][d], k = query); scaled once in the epilogue.
-    warp_mma_ab_reg<T, kHeadDim, kWarpQ, kChunks>(dk_acc, ds_pack, q_tile, query0, 0, lane);
+    // dK_j += dS^T Q_i (the softmax scale is applied once, in the epilogue).
+    mma_reg_ab<Tr, Tr::kNTilesD, Tr::kNTilesS / 2, T>(dk_acc, ds_frag, q_tile, query0, 0, lane);
 
     if constexpr (kAtomicDq) {
-      // dS^T to shared memory, [key][query]: the dQ product needs all keys of a query row.
+      // dS^T to shared memory: dQ_i needs, for each of its rows, all keys of the block.
 #pragma unroll
-      for (int nt = 0; nt < kWarpQ / 8; ++nt) {
+      for (int nt = 0; nt < Tr::kNTilesS; ++nt)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int key = key0 + lane_row + 8 * half;
-          *reinterpret_cast<uint32_t*>(s_ds + swizzle<kDsChunks>(key, query0 / 8 + nt) +
-                                       2 * lane_col) = ds_pack[nt][half];
-        }
-      }
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<uint32_t*>(
+              ds_tile + swizzle<Ds::kRowBytes>(key0 + group + 8 * h, query0 / 8 + nt) + 4 * quad) =
+              ds_frag[nt][h];
     }
-    if constexpr (kAtomicDq || kStagesDo == 1) __syncthreads();  // dS^T visible; dO_i read
-    if constexpr (kStagesDo == 1) {
-      if (it + 1 < num_iters) load_q_block(it + 1, false, true);
+    if constexpr (kAtomicDq || Tr::kStagesDo == 1) __syncthreads();  // dS^T in; dO_i read
+    if constexpr (Tr::kStagesDo == 1) {
+      if (it + 1 < n_iters) load_q_block(it + 1, false, true);
       fa::cp_async_commit();
     }
 
     if constexpr (kAtomicDq) {
-      // dQ_i += dS K_j: warps split the q_block 16 rows x (kHeadDim / kDqWarpsD) columns,
-      // done in passes of 32 columns (fewer live registers). A = dS, read from dS^T by
-      // ldmatrix.trans; B = K_j ([key][d], k = key) by ldmatrix.trans. Then fp32 atomics.
-      constexpr int kDqWarpsM = kBlockM / 16, kDqWarpsD = kBwdThreads / 32 / kDqWarpsM;
-      constexpr int kDqCols = kHeadDim / kDqWarpsD, kPassCols = 32;
-      static_assert(kDqCols % kPassCols == 0, "dQ columns come in passes of 32");
-      const int dq_row0 = (warp % kDqWarpsM) * 16;
+      // dq_accum_i += dS K_j: warp w takes query rows 16 (w % kDqWarpsM) + [0, 16) and
+      // kDqCols head-dim columns, 32 per pass. A = dS, read from dS^T with ldmatrix.trans (the
+      // B pattern); B = K_j with ldmatrix.trans. Then one fp32 atomic add per element pair.
+      const int dq_row0 = 16 * (warp % Tr::kDqWarpsM);
+      const uint32_t ds_offset = b_lane_offset<Ds>(lane);
       const int64_t bh = static_cast<int64_t>(batch) * f.heads + head;
 #pragma unroll
-      for (int pass = 0; pass < kDqCols / kPassCols; ++pass) {
-        const int dq_col0 = (warp / kDqWarpsM) * kDqCols + pass * kPassCols;
-        float dq_acc[kPassCols / 8][4] = {};
-#pragma unroll 2
-        for (int kt = 0; kt < kBlockN / 16; ++kt) {
-          uint32_t a_ds[4];
-          fa::ldmatrix_x4_trans(a_ds,
-                                s_ds + swizzle<kDsChunks>(16 * kt + (lane & 7) + 8 * (lane >> 4),
-                                                          dq_row0 / 8 + ((lane >> 3) & 1)));
+      for (int pass = 0; pass < Tr::kDqCols / Tr::kDqPassCols; ++pass) {
+        const int col0 = Tr::kDqCols * (warp / Tr::kDqWarpsM) + Tr::kDqPassCols * pass;
+        uint32_t ds_a[Tr::kBlockN / 8][2];  // dS rows dq_row0.., all keys, as packed pairs
+        float dq[Tr::kDqPassCols / 8][4];
 #pragma unroll
-          for (int nd = 0; nd < kPassCols / 8; nd += 2) {
-            uint32_t b_k[4];
-            fa::ldmatrix_x4_trans(
-                b_k, s_k + swizzle<kChunks>(16 * kt + (lane & 7) + 8 * ((lane >> 3) & 1),
-                                            dq_col0 / 8 + nd + (lane >> 4)));
-            fa::mma_m16n8k16<T>(dq_acc[nd], a_ds, {b_k[0], b_k[1]});
-            fa::mma_m16n8k16<T>(dq_acc[nd + 1], a_ds, {b_k[2], b_k[3]});
-          }
+        for (int nd = 0; nd < Tr::kDqPassCols / 8; ++nd)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dq[nd][e] = 0.f;
+#pragma unroll
+        for (int kt = 0; kt < Tr::kBlockN / 16; ++kt) {
+          uint32_t r[4];
+          fa::ldmatrix_x4_trans(r, ds_tile + fragment_offset<Ds>(ds_offset, 16 * kt, dq_row0 / 8));
+          ds_a[2 * kt][0] = r[0];
+          ds_a[2 * kt][1] = r[1];
+          ds_a[2 * kt + 1][0] = r[2];
+          ds_a[2 * kt + 1][1] = r[3];
         }
+        mma_reg_ab<Tr, Tr::kDqPassCols / 8, Tr::kBlockN / 16, T>(dq, ds_a, k_tile, 0, col0, lane);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = q_base + dq_row0 + lane_row + 8 * half;
-          if (row < f.seqlen_q) {
-            float* dst = dq_accum + (bh * f.seqlen_q + row) * kHeadDim + dq_col0 + 2 * lane_col;
+        for (int h = 0; h < 2; ++h) {
+          const int row = q_start + dq_row0 + group + 8 * h;
+          if (row < seqlen_q) {
+            float* dst = dq_accum + (bh * seqlen_q + row) * kHeadDim + col0 + 2 * quad;
 #pragma unroll
-            for (int nd = 0; nd < kPassCols / 8; ++nd)
-              atomic_add_pair(dst + nd * 8, dq_acc[nd][2 * half], dq_acc[nd][2 * half + 1]);
+            for (int nd = 0; nd < Tr::kDqPassCols / 8; ++nd)
+              atomic_add_pair(dst + 8 * nd, dq[nd][2 * h], dq[nd][2 * h + 1]);
           }
         }
       }
     }
   }
 
-  // Epilogue: dV_j and scale * dK_j, summed over the warps that split the queries.
+  // Epilogue: dV_j and scale * dK_j, the partials of the query-splitting warps summed.
   fa::cp_async_wait<0>();
-  float* stage = reinterpret_cast<float*>(smem_raw);
-  const int valid_keys = f.seqlen_k - kv_base;
-  store_kv_grad<kHeadDim, kBlockN, kWarpsM>(
-      dv_acc, 1.f, stage,
-      static_cast<T*>(args.dv.ptr) + batch * args.dv.batch_stride + head_kv * args.dv.head_stride +
-          kv_base * args.dv.row_stride,
-      args.dv.row_stride, valid_keys, warp_m, key0, lane, tid);
-  store_kv_grad<kHeadDim, kBlockN, kWarpsM>(
-      dk_acc, f.scale, stage,
-      static_cast<T*>(args.dk.ptr) + batch * args.dk.batch_stride + head_kv * args.dk.head_stride +
-          kv_base * args.dk.row_stride,
-      args.dk.row_stride, valid_keys, warp_m, key0, lane, tid);
+  float* const staging = reinterpret_cast<float*>(smem);
+  T* const dv = static_cast<T*>(args.dv.ptr) + batch * args.dv.batch_stride +
+                head_kv * args.dv.head_stride + kv_start * args.dv.row_stride;
+  T* const dk = static_cast<T*>(args.dk.ptr) + batch * args.dk.batch_stride +
+                head_kv * args.dk.head_stride + kv_start * args.dk.row_stride;
+  store_kv_grad<Tr, T>(dv_acc, 1.f, staging, dv, args.dv.row_stride, seqlen_k - kv_start, warp_m,
+                       key0, tid);
+  store_kv_grad<Tr, T>(dk_acc, f.scale, staging, dk, args.dk.row_stride, seqlen_k - kv_start,
+                       warp_m, key0, tid);
 }
 
-/// Converts the fp32 accumulator to the output: \f$dQ = \mathrm{scale} \cdot
-/// \mathrm{dq\_accum}\f$ in the input dtype, one thread per 8 elements, strided store.
+// ------------------------------------------------------------------------------------------
+// Kernel 3: dQ to the output dtype
+// ------------------------------------------------------------------------------------------
+
+/// \f$dQ = \mathrm{scale} \cdot \mathrm{dq\_accum}\f$ in the input dtype, one thread per 8
+/// elements, strided 16-byte stores.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(256)
-    flash_bwd_convert_dq_kernel(const fa_bwd_args args, const float* dq_accum) {
+    bwd_convert_dq_kernel(const fa_bwd_args args, const float* dq_accum) {
   constexpr int kChunks = kHeadDim / 8;
   const fa_fwd_args& f = args.fwd;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
@@ -593,282 +1066,275 @@ __global__ void __launch_bounds__(256)
   const int row = static_cast<int>(idx / kChunks), chunk = static_cast<int>(idx % kChunks);
   const float4* src = reinterpret_cast<const float4*>(
       dq_accum + ((static_cast<int64_t>(batch) * f.heads + head) * f.seqlen_q + row) * kHeadDim +
-      chunk * 8);
+      8 * chunk);
   const float4 lo = src[0], hi = src[1];
-  const float s = f.scale;
+  const float c = f.scale;
   uint4 out;
-  out.x = fa::pack2<T>(lo.x * s, lo.y * s);
-  out.y = fa::pack2<T>(lo.z * s, lo.w * s);
-  out.z = fa::pack2<T>(hi.x * s, hi.y * s);
-  out.w = fa::pack2<T>(hi.z * s, hi.w * s);
+  out.x = fa::pack2<T>(lo.x * c, lo.y * c);
+  out.y = fa::pack2<T>(lo.z * c, lo.w * c);
+  out.z = fa::pack2<T>(hi.x * c, hi.y * c);
+  out.w = fa::pack2<T>(hi.z * c, hi.w * c);
   *reinterpret_cast<uint4*>(static_cast<T*>(args.dq.ptr) + batch * args.dq.batch_stride +
-                            row * args.dq.row_stride + head * args.dq.head_stride + chunk * 8) =
+                            row * args.dq.row_stride + head * args.dq.head_stride + 8 * chunk) =
       out;
 }
 
-/// Tile shape of the deterministic dQ kernel: 4 warps of 16 query rows, kv_blocks of 64 keys.
-constexpr int kDqBlockM = 64, kDqBlockN = 64, kDqThreads = 128;
+// ------------------------------------------------------------------------------------------
+// Deterministic mode: dQ with the forward's loop order, no atomics
+// ------------------------------------------------------------------------------------------
 
-/// Shared memory of the dQ kernel: Q, dO, two K buffers, one V buffer.
-template <int kHeadDim>
-constexpr int dq_smem_bytes() {
-  return 2 * (2 * kDqBlockM * kHeadDim + 3 * kDqBlockN * kHeadDim);
-}
-
-/// Deterministic dQ, one thread block per (q_block i, query head, batch), the loop order of
-/// the forward: the K/V blocks j that row block i sees are visited in order and
+/// Deterministic dQ, one thread block per (q_block i, query head, batch): the loop order of
+/// the forward. The kv_blocks j that q_block i sees are visited in order and
 /// \f[ dQ_i = \mathrm{scale} \sum_j \big(P_{ij} \circ (dO_i V_j^T - D_i)\big) K_j \f]
 /// is summed in registers, with \f$P_{ij}\f$ recomputed from the lse. Each warp owns 16 query
-/// rows, so dS never leaves registers (its accumulator fragments are the A operand of
-/// \f$dS K\f$). No atomics: the sum order is fixed, so results are bit-identical run to run.
+/// rows, so \f$dS\f$ never leaves registers (as P in the forward's \f$P V\f$). The summation
+/// order is fixed: results are bit-identical from run to run, at the cost of recomputing
+/// \f$S\f$ and \f$dP\f$ (7 matmuls per block pair instead of 5 for the whole backward).
+/// Per kv_block: wait for K_j, V_j; start loading K_{j+1}; \f$S\f$, \f$dP\f$; start loading
+/// V_{j+1}; \f$dS\f$, \f$dQ \mathrel{+}= dS K_j\f$.
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kDqThreads)
-    flash_bwd_dq_kernel(const fa_bwd_args args, const float* lse_log2, const float* d_row,
-                        int seqlen_q_pad, float scale_log2) {
-  constexpr int kBlockM = kDqBlockM, kBlockN = kDqBlockN, kChunks = kHeadDim / 8;
-  constexpr int kTileQ = kBlockM * kHeadDim, kTileK = kBlockN * kHeadDim;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* s_q = reinterpret_cast<T*>(smem_raw);
-  T* s_do = s_q + kTileQ;
-  T* s_k = s_do + kTileQ;  // [2][kBlockN][kHeadDim]
-  T* s_v = s_k + 2 * kTileK;
+__global__ void __launch_bounds__(DqTraits<kHeadDim>::kNumThreads)
+    bwd_dq_kernel(const fa_bwd_args args, const float* lse_log2, const float* d_row,
+                  int seqlen_q_pad, float scale_log2) {
+  using Tr = DqTraits<kHeadDim>;
+  extern __shared__ __align__(128) char smem[];
+  char* const q_tile = smem;
+  char* const do_tile = smem + Tr::kOffDo;
+  char* const v_tile = smem + Tr::kOffV;
 
   const fa_fwd_args& f = args.fwd;
-  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int q_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int lane_row = lane / 4, lane_col = lane % 4;
+  const int group = lane / 4, quad = lane % 4;
+  const int warp_row0 = 16 * warp;
   const int head_kv = head / (f.heads / f.heads_kv);
-  const int q_base = m_block * kBlockM;
-  const int offset = f.seqlen_k - f.seqlen_q;
+  const int seqlen_q = f.seqlen_q, seqlen_k = f.seqlen_k;
+  const int q_start = q_block * Tr::kBlockM;
+  const int diag = seqlen_k - seqlen_q;
 
   // kv_blocks this q_block sees: all, or under causal masking up to the one holding the last
-  // key its last row sees.
-  int n_end = (f.seqlen_k + kBlockN - 1) / kBlockN;
+  // key its last row sees (none when even that row sees no key).
+  int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
   if (f.causal) {
-    const int last_key = q_base + kBlockM - 1 + offset;
-    n_end = min(n_end, last_key < 0 ? 0 : last_key / kBlockN + 1);
+    const int last_key = q_start + Tr::kBlockM - 1 + diag;
+    n_blocks = min(n_blocks, last_key < 0 ? 0 : last_key / Tr::kBlockN + 1);
   }
 
-  const T* k_gmem =
+  const T* const q =
+      static_cast<const T*>(f.q.ptr) + batch * f.q.batch_stride + head * f.q.head_stride;
+  const T* const d_o = static_cast<const T*>(args.d_o.ptr) + batch * args.d_o.batch_stride +
+                       head * args.d_o.head_stride;
+  const T* const k =
       static_cast<const T*>(f.k.ptr) + batch * f.k.batch_stride + head_kv * f.k.head_stride;
-  const T* v_gmem =
+  const T* const v =
       static_cast<const T*>(f.v.ptr) + batch * f.v.batch_stride + head_kv * f.v.head_stride;
-  load_tile<kBlockM, kHeadDim, kDqThreads>(s_q,
-                                           static_cast<const T*>(f.q.ptr) +
-                                               batch * f.q.batch_stride + head * f.q.head_stride +
-                                               q_base * f.q.row_stride,
-                                           f.q.row_stride, f.seqlen_q - q_base, tid);
-  load_tile<kBlockM, kHeadDim, kDqThreads>(
-      s_do,
-      static_cast<const T*>(args.d_o.ptr) + batch * args.d_o.batch_stride +
-          head * args.d_o.head_stride + q_base * args.d_o.row_stride,
-      args.d_o.row_stride, f.seqlen_q - q_base, tid);
-  if (n_end > 0) {
-    load_tile<kBlockN, kHeadDim, kDqThreads>(s_k, k_gmem, f.k.row_stride, f.seqlen_k, tid);
-    load_tile<kBlockN, kHeadDim, kDqThreads>(s_v, v_gmem, f.v.row_stride, f.seqlen_k, tid);
+
+  // Prologue: Q_i, dO_i, K_0, V_0 in one group.
+  load_tile_async<Tr, Tr::kBlockM>(q_tile, q, f.q.row_stride, q_start, seqlen_q, tid);
+  load_tile_async<Tr, Tr::kBlockM>(do_tile, d_o, args.d_o.row_stride, q_start, seqlen_q, tid);
+  if (n_blocks > 0) {
+    load_tile_async<Tr, Tr::kBlockN>(smem + Tr::kOffK, k, f.k.row_stride, 0, seqlen_k, tid);
+    load_tile_async<Tr, Tr::kBlockN>(v_tile, v, f.v.row_stride, 0, seqlen_k, tid);
   }
   fa::cp_async_commit();
 
-  // L log2e and D of this thread's two fragment rows (padded scratch: always in range).
-  const int64_t row_idx =
-      (static_cast<int64_t>(batch) * f.heads + head) * seqlen_q_pad + q_base + warp * 16 + lane_row;
-  const float lse_r[2] = {lse_log2[row_idx], lse_log2[row_idx + 8]};
-  const float d_r[2] = {d_row[row_idx], d_row[row_idx + 8]};
+  // lse (base 2) and D of this thread's two rows (the padded scratch covers the block).
+  const int64_t stat =
+      (static_cast<int64_t>(batch) * f.heads + head) * seqlen_q_pad + q_start + warp_row0 + group;
+  const float lse[2] = {lse_log2[stat], lse_log2[stat + 8]};
+  const float d[2] = {d_row[stat], d_row[stat + 8]};
 
-  float dq_acc[kHeadDim / 8][4] = {};
-  for (int n = 0; n < n_end; ++n) {
-    const int kv_base = n * kBlockN;
-    const T* k_tile = s_k + (n & 1) * kTileK;
+  float dq_acc[Tr::kNTilesD][4];
+#pragma unroll
+  for (int nd = 0; nd < Tr::kNTilesD; ++nd)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq_acc[nd][e] = 0.f;
+
+  for (int kv_block = 0; kv_block < n_blocks; ++kv_block) {
+    const int kv_start = kv_block * Tr::kBlockN;
+    const char* const k_tile = smem + Tr::kOffK + (kv_block & 1) * Tr::kKBytes;
     fa::cp_async_wait<0>();
-    __syncthreads();  // K_j, V_j landed; the other K buffer is free
-    if (n + 1 < n_end) {
-      load_tile<kBlockN, kHeadDim, kDqThreads>(s_k + ((n + 1) & 1) * kTileK,
-                                               k_gmem + (kv_base + kBlockN) * f.k.row_stride,
-                                               f.k.row_stride, f.seqlen_k - kv_base - kBlockN, tid);
-    }
+    __syncthreads();  // K_j, V_j have landed; every warp is done with the other K buffer
+    if (kv_block + 1 < n_blocks)
+      load_tile_async<Tr, Tr::kBlockN>(smem + Tr::kOffK + ((kv_block + 1) & 1) * Tr::kKBytes, k,
+                                       f.k.row_stride, kv_start + Tr::kBlockN, seqlen_k, tid);
     fa::cp_async_commit();
 
-    // S = Q_i K_j^T (16 rows x kBlockN keys per warp), P = exp2(S scale log2e - L log2e),
-    // masked as in the main kernel.
-    const bool need_mask =
-        kv_base + kBlockN > f.seqlen_k || (f.causal && kv_base + kBlockN - 1 > q_base + offset);
-    uint32_t p_pack[kBlockN / 8][2];
+    // P = exp2(S scale log2e - L log2e), S = Q_i K_j^T, masked as in the main kernel.
+    const bool needs_mask = kv_start + Tr::kBlockN > seqlen_k ||
+                            (f.causal && kv_start + Tr::kBlockN - 1 > q_start + diag);
+    uint32_t p_frag[Tr::kNTilesS][2];
     {
-      float s_acc[kBlockN / 8][4] = {};
-      warp_mma_abt<T, kBlockN, kHeadDim>(s_acc, s_q, warp * 16, k_tile, 0, lane);
+      float s[Tr::kNTilesS][4];
+      mma_abt<Tr, Tr::kNTilesS, T>(s, q_tile, warp_row0, k_tile, 0, lane);
 #pragma unroll
-      for (int nt = 0; nt < kBlockN / 8; ++nt) {
+      for (int nt = 0; nt < Tr::kNTilesS; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float p = fa::exp2_approx(fmaf(s_acc[nt][e], scale_log2, -lse_r[e >> 1]));
-          if (need_mask) {
-            const int key = kv_base + nt * 8 + 2 * lane_col + (e & 1);
-            const int query = q_base + warp * 16 + lane_row + 8 * (e >> 1);
-            if (key >= f.seqlen_k || (f.causal && key > query + offset)) p = 0.f;
+          float p = fa::exp2_approx(fmaf(s[nt][e], scale_log2, -lse[e >> 1]));
+          if (needs_mask) {
+            const int key = kv_start + 8 * nt + 2 * quad + (e & 1);
+            const int row = q_start + warp_row0 + group + 8 * (e >> 1);
+            if (key >= seqlen_k || (f.causal && key > row + diag)) p = 0.f;
           }
-          s_acc[nt][e] = p;
+          s[nt][e] = p;
         }
-      }
-      pack_fragment<T>(p_pack, s_acc);
+      pack_fragments<T>(p_frag, s);
     }
-    // dP = dO_i V_j^T, dS = P (dP - D).
-    uint32_t ds_pack[kBlockN / 8][2];
+    // dP = dO_i V_j^T and dS = P o (dP - D).
+    uint32_t ds_frag[Tr::kNTilesS][2];
     {
-      float dp_acc[kBlockN / 8][4] = {};
-      warp_mma_abt<T, kBlockN, kHeadDim>(dp_acc, s_do, warp * 16, s_v, 0, lane);
+      float dp[Tr::kNTilesS][4];
+      mma_abt<Tr, Tr::kNTilesS, T>(dp, do_tile, warp_row0, v_tile, 0, lane);
 #pragma unroll
-      for (int nt = 0; nt < kBlockN / 8; ++nt) {
+      for (int nt = 0; nt < Tr::kNTilesS; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float p = unpack_half<T>(p_pack[nt][e >> 1], e & 1);
-          dp_acc[nt][e] = p * (dp_acc[nt][e] - d_r[e >> 1]);
-        }
-      }
-      pack_fragment<T>(ds_pack, dp_acc);
+        for (int e = 0; e < 4; ++e)
+          dp[nt][e] = unpack_half<T>(p_frag[nt][e >> 1], e & 1) * (dp[nt][e] - d[e >> 1]);
+      pack_fragments<T>(ds_frag, dp);
     }
     __syncthreads();  // every warp is done with V_j
-    if (n + 1 < n_end) {
-      load_tile<kBlockN, kHeadDim, kDqThreads>(s_v, v_gmem + (kv_base + kBlockN) * f.v.row_stride,
-                                               f.v.row_stride, f.seqlen_k - kv_base - kBlockN, tid);
-    }
+    if (kv_block + 1 < n_blocks)
+      load_tile_async<Tr, Tr::kBlockN>(v_tile, v, f.v.row_stride, kv_start + Tr::kBlockN, seqlen_k,
+                                       tid);
     fa::cp_async_commit();
 
-    // dQ_i += dS K_j (B = K_j, [key][d], k = key).
-    warp_mma_ab_reg<T, kHeadDim, kBlockN, kChunks>(dq_acc, ds_pack, k_tile, 0, 0, lane);
+    // dQ_i += dS K_j.
+    mma_reg_ab<Tr, Tr::kNTilesD, Tr::kNTilesS / 2, T>(dq_acc, ds_frag, k_tile, 0, 0, lane);
   }
 
-  // Epilogue: scale * dQ_i in the input dtype, through shared memory for 16-byte stores.
+  // Epilogue: scale * dQ_i through the Q tile (no longer needed), 16-byte stores.
   fa::cp_async_wait<0>();
   __syncthreads();
 #pragma unroll
-  for (int nd = 0; nd < kHeadDim / 8; ++nd) {
+  for (int nd = 0; nd < Tr::kNTilesD; ++nd)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      *reinterpret_cast<uint32_t*>(s_q + swizzle<kChunks>(warp * 16 + lane_row + 8 * half, nd) +
-                                   2 * lane_col) =
-          fa::pack2<T>(dq_acc[nd][2 * half] * f.scale, dq_acc[nd][2 * half + 1] * f.scale);
-    }
-  }
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<uint32_t*>(q_tile + swizzle<Tr::kRowBytes>(warp_row0 + group + 8 * h, nd) +
+                                   4 * quad) =
+          fa::pack2<T>(dq_acc[nd][2 * h] * f.scale, dq_acc[nd][2 * h + 1] * f.scale);
   __syncthreads();
-  T* dq = static_cast<T*>(args.dq.ptr) + batch * args.dq.batch_stride + head * args.dq.head_stride +
-          q_base * args.dq.row_stride;
+  T* const dq =
+      static_cast<T*>(args.dq.ptr) + batch * args.dq.batch_stride + head * args.dq.head_stride;
 #pragma unroll
-  for (int idx = tid; idx < kBlockM * kChunks; idx += kDqThreads) {
-    const int row = idx / kChunks, chunk = idx % kChunks;
-    if (q_base + row < f.seqlen_q) {
-      *reinterpret_cast<uint4*>(dq + row * args.dq.row_stride + chunk * 8) =
-          *reinterpret_cast<const uint4*>(s_q + swizzle<kChunks>(row, chunk));
-    }
+  for (int idx = tid; idx < Tr::kBlockM * Tr::kChunksPerRow; idx += Tr::kNumThreads) {
+    const int row = idx / Tr::kChunksPerRow, chunk = idx % Tr::kChunksPerRow;
+    if (q_start + row < seqlen_q)
+      *reinterpret_cast<uint4*>(dq + (q_start + row) * args.dq.row_stride + 8 * chunk) =
+          *reinterpret_cast<const uint4*>(q_tile + swizzle<Tr::kRowBytes>(row, chunk));
   }
 }
 
-/// Sets a kernel's dynamic shared memory limit and checks that the GPU has that much.
+// ------------------------------------------------------------------------------------------
+// Backward launcher
+// ------------------------------------------------------------------------------------------
+
+/// Sets a kernel's dynamic shared memory size, after checking that this GPU has that much.
 template <typename Kernel>
-fa_status prepare_smem(Kernel kernel, int bytes, const char* what) {
+fa_status set_smem(Kernel kernel, int bytes, const char* name) {
   int device = 0, optin = 0;
   FA_CUDA_TRY(cudaGetDevice(&device));
   FA_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (bytes > optin) {
+  if (bytes > optin)
     return fa::set_error(FA_ERR_UNSUPPORTED,
-                         "07_backward: %s needs %d bytes of shared memory per block, this GPU "
+                         "07_backward: %s needs %d bytes of shared memory per block, the GPU "
                          "has %d",
-                         what, bytes, optin);
-  }
+                         name, bytes, optin);
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   return FA_OK;
 }
 
-/// Launches the backward kernels on the scratch buffers (`dq_accum` null in deterministic
-/// mode).
+/// Runs the backward kernels on the scratch buffers (`dq_accum` null in deterministic mode):
+/// preprocess; then dK/dV with atomic dQ and the dQ conversion, or dK/dV and the
+/// deterministic dQ kernel.
 template <typename T, int kHeadDim>
-fa_status backward_kernels(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
-                           float* lse_log2, float* d_row, float* dq_accum) {
+fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
+                                  float* lse_log2, float* d_row, float* dq_accum) {
+  using Tr = BwdTraits<kHeadDim>;
   const fa_fwd_args& f = args.fwd;
-  const float scale_log2 = f.scale * kLog2e;
+  const float scale_log2 = static_cast<float>(static_cast<double>(f.scale) * M_LOG2E);
 
-  flash_bwd_preprocess_kernel<T, kHeadDim>
-      <<<dim3(seqlen_q_pad / 32, f.heads, f.batch), 256, 0, stream>>>(args, seqlen_q_pad, lse_log2,
-                                                                      d_row, dq_accum);
+  bwd_preprocess_kernel<T, kHeadDim><<<dim3(seqlen_q_pad / 32, f.heads, f.batch), 256, 0, stream>>>(
+      args, seqlen_q_pad, lse_log2, d_row, dq_accum);
   FA_LAUNCH_TRY();
 
-  const dim3 dkdv_grid((f.seqlen_k + BwdTiles<kHeadDim>::kBlockN - 1) / BwdTiles<kHeadDim>::kBlockN,
-                       f.heads_kv, f.batch);
+  const dim3 grid((f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, f.heads_kv, f.batch);
   if (!args.deterministic) {
-    constexpr int kSmem = dkdv_smem_bytes<kHeadDim, true>();
-    auto kernel = flash_bwd_dkdv_kernel<T, kHeadDim, true>;
-    fa_status st = prepare_smem(kernel, kSmem, "the dK/dV kernel");
-    if (st != FA_OK) return st;
-    kernel<<<dkdv_grid, kBwdThreads, kSmem, stream>>>(args, dq_accum, lse_log2, d_row, seqlen_q_pad,
-                                                      scale_log2);
+    const auto kernel = bwd_dk_dv_kernel<T, kHeadDim, true>;
+    fa_status status = set_smem(kernel, Tr::kSmemBytes, "bwd_dk_dv_kernel");
+    if (status != FA_OK) return status;
+    kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, dq_accum, lse_log2, d_row,
+                                                              seqlen_q_pad, scale_log2);
     FA_LAUNCH_TRY();
-    constexpr int kChunks = kHeadDim / 8;
-    const dim3 grid(static_cast<unsigned>((static_cast<int64_t>(f.seqlen_q) * kChunks + 255) / 256),
-                    f.heads, f.batch);
-    flash_bwd_convert_dq_kernel<T, kHeadDim><<<grid, 256, 0, stream>>>(args, dq_accum);
+    const int64_t chunks = static_cast<int64_t>(f.seqlen_q) * (kHeadDim / 8);
+    bwd_convert_dq_kernel<T, kHeadDim>
+        <<<dim3(static_cast<unsigned>((chunks + 255) / 256), f.heads, f.batch), 256, 0, stream>>>(
+            args, dq_accum);
     FA_LAUNCH_TRY();
   } else {
-    constexpr int kSmem = dkdv_smem_bytes<kHeadDim, false>();
-    auto kernel = flash_bwd_dkdv_kernel<T, kHeadDim, false>;
-    fa_status st = prepare_smem(kernel, kSmem, "the dK/dV kernel");
-    if (st != FA_OK) return st;
-    kernel<<<dkdv_grid, kBwdThreads, kSmem, stream>>>(args, nullptr, lse_log2, d_row, seqlen_q_pad,
-                                                      scale_log2);
+    const auto kernel = bwd_dk_dv_kernel<T, kHeadDim, false>;
+    fa_status status = set_smem(kernel, Tr::kSmemBytes, "bwd_dk_dv_kernel");
+    if (status != FA_OK) return status;
+    kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, nullptr, lse_log2, d_row,
+                                                              seqlen_q_pad, scale_log2);
     FA_LAUNCH_TRY();
-    constexpr int kDqSmem = dq_smem_bytes<kHeadDim>();
-    auto dq_kernel = flash_bwd_dq_kernel<T, kHeadDim>;
-    st = prepare_smem(dq_kernel, kDqSmem, "the dQ kernel");
-    if (st != FA_OK) return st;
-    const dim3 grid((f.seqlen_q + kDqBlockM - 1) / kDqBlockM, f.heads, f.batch);
-    dq_kernel<<<grid, kDqThreads, kDqSmem, stream>>>(args, lse_log2, d_row, seqlen_q_pad,
-                                                     scale_log2);
+    using Dq = DqTraits<kHeadDim>;
+    const auto dq_kernel = bwd_dq_kernel<T, kHeadDim>;
+    status = set_smem(dq_kernel, Dq::kSmemBytes, "bwd_dq_kernel");
+    if (status != FA_OK) return status;
+    const dim3 dq_grid((f.seqlen_q + Dq::kBlockM - 1) / Dq::kBlockM, f.heads, f.batch);
+    dq_kernel<<<dq_grid, Dq::kNumThreads, Dq::kSmemBytes, stream>>>(args, lse_log2, d_row,
+                                                                    seqlen_q_pad, scale_log2);
     FA_LAUNCH_TRY();
   }
   return FA_OK;
 }
 
-/// Backward pass for one dtype and head dim: allocates the scratch (stream ordered), runs the
-/// kernels, frees the scratch.
+/// Backward pass for one dtype and head dimension: allocates the scratch in stream order
+/// (dq_accum unless deterministic, lse in base 2, D), runs the kernels, frees the scratch.
 template <typename T, int kHeadDim>
-fa_status backward_impl(const fa_bwd_args& args, cudaStream_t stream) {
+fa_status launch_backward(const fa_bwd_args& args, cudaStream_t stream) {
   const fa_fwd_args& f = args.fwd;
   const int seqlen_q_pad = (f.seqlen_q + kRowPad - 1) / kRowPad * kRowPad;
-  const size_t row_floats = static_cast<size_t>(f.batch) * f.heads * seqlen_q_pad;
+  const size_t stat_floats = static_cast<size_t>(f.batch) * f.heads * seqlen_q_pad;
   const size_t dq_floats =
       args.deterministic ? 0 : static_cast<size_t>(f.batch) * f.heads * f.seqlen_q * kHeadDim;
+  const size_t bytes = (dq_floats + 2 * stat_floats) * sizeof(float);
   float* scratch = nullptr;
-  const cudaError_t alloc =
-      cudaMallocAsync(&scratch, (dq_floats + 2 * row_floats) * sizeof(float), stream);
+  const cudaError_t alloc = cudaMallocAsync(&scratch, bytes, stream);
   if (alloc == cudaErrorMemoryAllocation) {
-    cudaGetLastError();
+    cudaGetLastError();  // not sticky: clear it
     return fa::set_error(FA_ERR_OUT_OF_MEMORY,
-                         "07_backward: no device memory for %.1f MiB of scratch (dq_accum, D, lse)",
-                         (dq_floats + 2 * row_floats) * 4.0 / 1048576.0);
+                         "07_backward: no device memory for %.1f MiB of scratch "
+                         "(dq_accum, lse, D)",
+                         bytes / 1048576.0);
   }
   FA_CUDA_TRY(alloc);
-  float* dq_accum = args.deterministic ? nullptr : scratch;
-  float* lse_log2 = scratch + dq_floats;
-  float* d_row = lse_log2 + row_floats;
+  float* const dq_accum = args.deterministic ? nullptr : scratch;
+  float* const lse_log2 = scratch + dq_floats;
+  float* const d_row = lse_log2 + stat_floats;
   const fa_status status =
-      backward_kernels<T, kHeadDim>(args, stream, seqlen_q_pad, lse_log2, d_row, dq_accum);
-  const cudaError_t freed = cudaFreeAsync(scratch, stream);  // stream ordered: after the kernels
+      launch_backward_kernels<T, kHeadDim>(args, stream, seqlen_q_pad, lse_log2, d_row, dq_accum);
+  const cudaError_t freed = cudaFreeAsync(scratch, stream);  // after the kernels, in order
   if (status != FA_OK) return status;
   FA_CUDA_TRY(freed);
   return FA_OK;
 }
 
-/// Backward pass: dispatch on dtype and head dim.
+/// The step's backward pass: picks the kernels for the dtype and head dimension.
 fa_status backward(const fa_bwd_args& args, cudaStream_t stream) {
-  if (args.fwd.dtype == FA_BF16) {
-    return args.fwd.head_dim == 64 ? backward_impl<__nv_bfloat16, 64>(args, stream)
-                                   : backward_impl<__nv_bfloat16, 128>(args, stream);
+  const bool bf16 = args.fwd.dtype == FA_BF16;
+  switch (args.fwd.head_dim) {
+    case 64:
+      return bf16 ? launch_backward<__nv_bfloat16, 64>(args, stream)
+                  : launch_backward<__half, 64>(args, stream);
+    case 128:
+      return bf16 ? launch_backward<__nv_bfloat16, 128>(args, stream)
+                  : launch_backward<__half, 128>(args, stream);
+    default:
+      return fa::set_error(FA_ERR_UNSUPPORTED, "07_backward: head_dim %d is not supported",
+                           args.fwd.head_dim);
   }
-  return args.fwd.head_dim == 64 ? backward_impl<__half, 64>(args, stream)
-                                 : backward_impl<__half, 128>(args, stream);
-}
-
-/// Head dims the kernels are instantiated for.
-bool supports_head_dim(int head_dim) {
-  return head_dim == 64 || head_dim == 128;
 }
 
 }  // namespace

@@ -351,19 +351,25 @@ __device__ __forceinline__ void accumulate_pv(float (&o_acc)[Tr::kMTiles][Tr::kN
 // Epilogue: O = o_acc / row_sum and L = m + log(row_sum)
 // ------------------------------------------------------------------------------------------
 
-/// Finishes the Q block of rows [row0, row0 + kBlockM): reduces each row's partial row_sum
-/// over its quad, writes \f$O_i = o_i / \ell_i\f$ and \f$L_i = c\, m_i + \ln \ell_i\f$
-/// (natural log of the scaled scores; `scale` is c). A row that saw no key (\f$\ell_i = 0\f$)
-/// gets \f$O_i = 0\f$ and \f$L_i = +\infty\f$. O goes through the swizzled shared tile
-/// `o_stage` (the Q tile, no longer needed) so that the global stores are whole, coalesced
-/// 16-byte chunks; rows at or past `seqlen` (a ragged last Q block) are not stored. `o` and
-/// `lse` point at row 0 of this (batch, head); `lse` is null when L is not wanted.
+/// Finishes the Q block of rows [row0, row0 + kBlockM) of (batch, head): reduces each row's
+/// partial row_sum over its quad, writes \f$O_i = o_i / \ell_i\f$ and, when args.lse is not
+/// null, \f$L_i = c\, m_i + \ln \ell_i\f$ (natural log of the scaled scores, c = args.scale).
+/// A row that saw no key (\f$\ell_i = 0\f$) gets \f$O_i = 0\f$ and \f$L_i = +\infty\f$.
+/// O goes through the swizzled shared tile `o_stage` (the Q tile, no longer needed) so that
+/// the global stores are whole, coalesced 16-byte chunks; rows at or past \f$N_q\f$ (a ragged
+/// last Q block) are not stored.
 template <class Tr, typename T>
 __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::kNTilesO][4],
                                                 float (&row_max)[Tr::kMTiles][2],
                                                 float (&row_sum)[Tr::kMTiles][2], char* o_stage,
-                                                T* o, int64_t o_row_stride, float* lse, int row0,
-                                                int seqlen, float scale, int warp_row0, int tid) {
+                                                const fa_fwd_args& args, int batch, int head,
+                                                int row0, int warp_row0, int tid) {
+  const int seqlen = args.seqlen_q;
+  T* const o =
+      static_cast<T*>(args.o.ptr) + batch * args.o.batch_stride + head * args.o.head_stride;
+  float* const lse = args.lse == nullptr
+                         ? nullptr
+                         : args.lse + (static_cast<int64_t>(batch) * args.heads + head) * seqlen;
   const int lane = tid % 32;
   const int group = lane / 4, quad = lane % 4;
   __syncthreads();  // every warp is done reading the Q tile that now stages O
@@ -377,7 +383,7 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
       const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
       const int tile_row = warp_row0 + 16 * mi + 8 * h + group;
       if (lse != nullptr && quad == 0 && row0 + tile_row < seqlen)
-        lse[row0 + tile_row] = sum > 0.f ? row_max[mi][h] * scale + logf(sum) : INFINITY;
+        lse[row0 + tile_row] = sum > 0.f ? row_max[mi][h] * args.scale + logf(sum) : INFINITY;
 #pragma unroll
       for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
         const uint32_t packed =
@@ -392,13 +398,13 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
   const int tile_row = tid / Tr::kChunksPerRow;
   const int row = row0 + tile_row;
   const char* const src = o_stage + swizzle<Tr::kRowBytes>(tile_row, chunk);
-  T* dst = o + row * o_row_stride + chunk * 8;
+  T* dst = o + row * args.o.row_stride + chunk * 8;
 #pragma unroll
   for (int pass = 0; pass < Tr::kBlockM / kRowsPerPass; ++pass) {
     if (row + pass * kRowsPerPass < seqlen)
       *reinterpret_cast<uint4*>(dst) =
           *reinterpret_cast<const uint4*>(src + pass * kRowsPerPass * Tr::kRowBytes);
-    dst += kRowsPerPass * o_row_stride;
+    dst += kRowsPerPass * args.o.row_stride;
   }
 }
 
@@ -492,14 +498,8 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
     accumulate_pv<Tr, T>(o_acc, s, v_tile, lane);
   }
 
-  // Epilogue: O and L of this (batch, head), rows [q_start, q_start + kBlockM).
-  T* const o =
-      static_cast<T*>(args.o.ptr) + batch * args.o.batch_stride + head * args.o.head_stride;
-  float* const lse = args.lse == nullptr
-                         ? nullptr
-                         : args.lse + (static_cast<int64_t>(batch) * args.heads + head) * seqlen_q;
-  store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, q_tile, o, args.o.row_stride, lse, q_start,
-                         seqlen_q, args.scale, warp_row0, tid);
+  store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, q_tile, args, batch, head, q_start, warp_row0,
+                         tid);
 }
 
 // ------------------------------------------------------------------------------------------

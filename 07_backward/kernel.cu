@@ -44,19 +44,31 @@ namespace {
 // Tile configuration
 // ------------------------------------------------------------------------------------------
 
+// Tuning knobs: K/V rows per block for each head dimension (multiples of 16). The defaults
+// are the largest for which ptxas fits the kernel in 255 registers without spilling (see
+// NOTES.md); e.g. -DFA_FWD_BLOCK_N_D128=64 builds FlashAttention-2's own 128x64 tile.
+#ifndef FA_FWD_BLOCK_N_D64
+#define FA_FWD_BLOCK_N_D64 64
+#endif
+#ifndef FA_FWD_BLOCK_N_D128
+#define FA_FWD_BLOCK_N_D128 32
+#endif
+
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
-/// rows, kNumWarps warps. These are FlashAttention-2's sm_80/sm_90 forward tiles. Shared
-/// memory is \f$(B_r + 2 B_c)\, d \cdot 2\f$ bytes: 48 KiB (d = 64), 64 KiB (d = 128), which
-/// fits every sm_80+ GPU.
+/// rows, kNumWarps warps. As in FlashAttention-2, 4 warps share a 128-row Q block, 32 rows
+/// each. The registers of a thread hold its rows' o_acc (\f$32 d / 32\f$ floats) and S tile
+/// (\f$32 B_c / 32\f$ floats), so \f$B_c\f$ shrinks as d grows. Shared memory is
+/// \f$(B_r + 2 B_c)\, d \cdot 2\f$ bytes: 32 KiB (d = 64) and 48 KiB (d = 128), which fits
+/// every sm_80+ GPU, with room for several thread blocks per SM.
 template <int kHeadDim>
 struct TileShape;
 template <>
 struct TileShape<64> {
-  static constexpr int kBlockM = 128, kBlockN = 128, kNumWarps = 4;
+  static constexpr int kBlockM = 128, kBlockN = FA_FWD_BLOCK_N_D64, kNumWarps = 4;
 };
 template <>
 struct TileShape<128> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kNumWarps = 4;
+  static constexpr int kBlockM = 128, kBlockN = FA_FWD_BLOCK_N_D128, kNumWarps = 4;
 };
 
 /// Every size the kernel derives from the tile shape, in one place.
@@ -345,19 +357,25 @@ __device__ __forceinline__ void accumulate_pv(float (&o_acc)[Tr::kMTiles][Tr::kN
 // Epilogue: O = o_acc / row_sum and L = m + log(row_sum)
 // ------------------------------------------------------------------------------------------
 
-/// Finishes the Q block of rows [row0, row0 + kBlockM): reduces each row's partial row_sum
-/// over its quad, writes \f$O_i = o_i / \ell_i\f$ and \f$L_i = c\, m_i + \ln \ell_i\f$
-/// (natural log of the scaled scores; `scale` is c). A row that saw no key (\f$\ell_i = 0\f$)
-/// gets \f$O_i = 0\f$ and \f$L_i = +\infty\f$. O goes through the swizzled shared tile
-/// `o_stage` (the Q tile, no longer needed) so that the global stores are whole, coalesced
-/// 16-byte chunks; rows at or past `seqlen` (a ragged last Q block) are not stored. `o` and
-/// `lse` point at row 0 of this (batch, head); `lse` is null when L is not wanted.
+/// Finishes the Q block of rows [row0, row0 + kBlockM) of (batch, head): reduces each row's
+/// partial row_sum over its quad, writes \f$O_i = o_i / \ell_i\f$ and, when args.lse is not
+/// null, \f$L_i = c\, m_i + \ln \ell_i\f$ (natural log of the scaled scores, c = args.scale).
+/// A row that saw no key (\f$\ell_i = 0\f$) gets \f$O_i = 0\f$ and \f$L_i = +\infty\f$.
+/// O goes through the swizzled shared tile `o_stage` (the Q tile, no longer needed) so that
+/// the global stores are whole, coalesced 16-byte chunks; rows at or past \f$N_q\f$ (a ragged
+/// last Q block) are not stored.
 template <class Tr, typename T>
 __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::kNTilesO][4],
                                                 float (&row_max)[Tr::kMTiles][2],
                                                 float (&row_sum)[Tr::kMTiles][2], char* o_stage,
-                                                T* o, int64_t o_row_stride, float* lse, int row0,
-                                                int seqlen, float scale, int warp_row0, int tid) {
+                                                const fa_fwd_args& args, int batch, int head,
+                                                int row0, int warp_row0, int tid) {
+  const int seqlen = args.seqlen_q;
+  T* const o =
+      static_cast<T*>(args.o.ptr) + batch * args.o.batch_stride + head * args.o.head_stride;
+  float* const lse = args.lse == nullptr
+                         ? nullptr
+                         : args.lse + (static_cast<int64_t>(batch) * args.heads + head) * seqlen;
   const int lane = tid % 32;
   const int group = lane / 4, quad = lane % 4;
   __syncthreads();  // every warp is done reading the Q tile that now stages O
@@ -371,7 +389,7 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
       const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
       const int tile_row = warp_row0 + 16 * mi + 8 * h + group;
       if (lse != nullptr && quad == 0 && row0 + tile_row < seqlen)
-        lse[row0 + tile_row] = sum > 0.f ? row_max[mi][h] * scale + logf(sum) : INFINITY;
+        lse[row0 + tile_row] = sum > 0.f ? row_max[mi][h] * args.scale + logf(sum) : INFINITY;
 #pragma unroll
       for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
         const uint32_t packed =
@@ -386,13 +404,13 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
   const int tile_row = tid / Tr::kChunksPerRow;
   const int row = row0 + tile_row;
   const char* const src = o_stage + swizzle<Tr::kRowBytes>(tile_row, chunk);
-  T* dst = o + row * o_row_stride + chunk * 8;
+  T* dst = o + row * args.o.row_stride + chunk * 8;
 #pragma unroll
   for (int pass = 0; pass < Tr::kBlockM / kRowsPerPass; ++pass) {
     if (row + pass * kRowsPerPass < seqlen)
       *reinterpret_cast<uint4*>(dst) =
           *reinterpret_cast<const uint4*>(src + pass * kRowsPerPass * Tr::kRowBytes);
-    dst += kRowsPerPass * o_row_stride;
+    dst += kRowsPerPass * args.o.row_stride;
   }
 }
 
@@ -486,14 +504,8 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
     accumulate_pv<Tr, T>(o_acc, s, v_tile, lane);
   }
 
-  // Epilogue: O and L of this (batch, head), rows [q_start, q_start + kBlockM).
-  T* const o =
-      static_cast<T*>(args.o.ptr) + batch * args.o.batch_stride + head * args.o.head_stride;
-  float* const lse = args.lse == nullptr
-                         ? nullptr
-                         : args.lse + (static_cast<int64_t>(batch) * args.heads + head) * seqlen_q;
-  store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, q_tile, o, args.o.row_stride, lse, q_start,
-                         seqlen_q, args.scale, warp_row0, tid);
+  store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, q_tile, args, batch, head, q_start, warp_row0,
+                         tid);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -510,7 +522,8 @@ fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
     FA_CUDA_TRY(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   const dim3 grid((args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, args.heads, args.batch);
-  const float scale_log2 = static_cast<float>(static_cast<double>(args.scale) * M_LOG2E);
+  constexpr double kLog2e = 1.4426950408889634;
+  const float scale_log2 = static_cast<float>(args.scale * kLog2e);
   kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2);
   FA_LAUNCH_TRY();
   return FA_OK;
@@ -525,7 +538,7 @@ fa_status forward(const fa_fwd_args& args, cudaStream_t stream) {
     case 128:
       return bf16 ? launch<__nv_bfloat16, 128>(args, stream) : launch<__half, 128>(args, stream);
     default:
-      return fa::set_error(FA_ERR_UNSUPPORTED, "05_split_q: head_dim %d is not supported",
+      return fa::set_error(FA_ERR_UNSUPPORTED, "%s: head_dim %d is not supported", FA_STEP_NAME,
                            args.head_dim);
   }
 }

@@ -1,31 +1,26 @@
 /// \file 07_backward/kernel.cu
-/// \brief Step 07: the FlashAttention-2 backward pass (Algorithm 2 of the paper).
+/// \brief Step 07: the FlashAttention-2 backward pass (FlashAttention-2, Algorithm 2).
 ///
-/// The forward is step 06's, unchanged: it stores O and the logsumexp
-/// \f$L_i = \log \sum_j e^{S_{ij}}\f$. What this step adds is the backward, in three kernels:
-/// 1. preprocess: \f$D_i = \mathrm{rowsum}(dO_i \circ O_i)\f$, the lse in base 2, and a zeroed
-///    fp32 dQ accumulator (dq_accum);
-/// 2. the main kernel, one thread block per (kv_block, kv head, batch): the loop order flips
-///    back to FlashAttention-1's, K/V blocks outside and Q blocks inside, so that
-///    \f$dK_j\f$ and \f$dV_j\f$ are summed on chip over every q_block (and every query head of
-///    a GQA group). \f$S\f$ and \f$P = e^{S - L}\f$ are recomputed from Q, K and the stored
-///    lse instead of being read back: \f$dV_j \mathrel{+}= P^T dO_i\f$,
-///    \f$dP = dO_i V_j^T\f$, \f$dS = P \circ (dP - D_i)\f$, \f$dK_j \mathrel{+}= dS^T Q_i\f$,
-///    and \f$dQ_i \mathrel{+}= dS K_j\f$, shared by all kv_blocks, by fp32 atomic adds into
-///    dq_accum. Under causal masking the q_blocks above the diagonal are skipped (as step 06
-///    skips K/V blocks), only the ones that cross it are masked;
-/// 3. dQ = scale * dq_accum in the input dtype.
-/// Deterministic mode (fa_bwd_args::deterministic): no float atomics. The main kernel leaves
-/// dQ out and a fourth kernel, one thread block per q_block, walks the kv_blocks in order
-/// and sums \f$dQ_i\f$ in registers, recomputing \f$P\f$ and \f$dS\f$ (7 matmuls per block
-/// pair instead of 5): bit-identical results run to run.
+/// What this step adds to step 06 (whose forward stays as it is: it stores O and the
+/// logsumexp \f$L_i = \log \sum_j e^{S_{ij}}\f$), below the "backward pass" banner:
+/// - Preprocess: \f$D_i = \mathrm{rowsum}(dO_i \circ O_i)\f$, the lse in base 2, and a
+///   zeroed fp32 dQ accumulator (dq_accum).
+/// - The main kernel, one thread block per (kv_block, kv head, batch): the loop order flips
+///   back to FlashAttention-1's, K/V blocks outside and Q blocks inside, so that \f$dK_j\f$
+///   and \f$dV_j\f$ are summed on chip over every q_block (and every query head of a GQA
+///   group). \f$S\f$ and \f$P = e^{S - L}\f$ are recomputed from Q, K and the stored lse,
+///   never read back: \f$dV_j \mathrel{+}= P^T dO_i\f$, \f$dP = dO_i V_j^T\f$,
+///   \f$dS = P \circ (dP - D_i)\f$, \f$dK_j \mathrel{+}= dS^T Q_i\f$, and
+///   \f$dQ_i \mathrel{+}= dS K_j\f$, which every kv_block shares, by fp32 atomic adds into
+///   dq_accum, converted to the output dtype by a last kernel. Under causal masking the
+///   q_blocks above the diagonal are skipped (as 06 skips K/V blocks); only the ones that
+///   cross it are masked.
+/// - Deterministic mode (fa_bwd_args::deterministic): no float atomics. The main kernel leaves
+///   dQ out and a dQ kernel in the forward's loop order, one thread block per q_block, walks
+///   the kv_blocks in order and sums \f$dQ_i\f$ in registers, recomputing \f$P\f$ and
+///   \f$dS\f$ (7 matmuls per block pair instead of 5): bit-identical results run to run.
 ///
 /// Run: `./build/bin/07_backward --backward --seqlen 4096 --head-dim 128`
-///
-/// TODO(06): until 06_causal_skip/kernel.cu lands, the forward below (everything before the
-/// "backward pass" banner) is 05_split_q's, verbatim, as a placeholder. Replace it with
-/// 06's forward word for word, so that `diff -u 06_causal_skip/kernel.cu 07_backward/kernel.cu`
-/// shows only this header, the backward and the registration line.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -469,7 +464,19 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
     }
   }
 
-  const int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  // Under causal masking the block's last row sees keys [0, last_key]: the blocks past the
+  // one that holds last_key are entirely masked, so the loop stops there.
+  const int first_masked_key = q_start + seqlen_k - seqlen_q + 1;  // first row's key_end
+  if (args.causal) {
+    const int last_key = min(q_start + Tr::kBlockM, seqlen_q) - 1 + seqlen_k - seqlen_q;
+    n_blocks = min(n_blocks, (last_key + Tr::kBlockN) / Tr::kBlockN);  // <= 0: no key
+  }
+  if (n_blocks <= 0) {  // sees no key at all (N_q > N_k): O = 0, L = +inf, nothing loaded
+    store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, q_tile, args, batch, head, q_start, warp_row0,
+                           tid);
+    return;
+  }
 
   // Prologue: Q and the first K tile in one cp.async group.
   load_tile_async<Tr, Tr::kBlockM>(q_tile, q, args.q.row_stride, q_start, seqlen_q, tid);
@@ -485,9 +492,10 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 
     float s[Tr::kMTiles][Tr::kNTilesS][4];
     compute_scores<Tr, T>(s, q_tile, k_tile, warp_row0, lane);
-    // Under causal masking every block is masked element by element (step 06 skips the
-    // blocks above the diagonal and masks only the ones that cross it).
-    const bool needs_mask = args.causal || kv_start + Tr::kBlockN > seqlen_k;
+    // Only the blocks that cross the diagonal (some key past the first row's key_end) and
+    // the ragged last block need the mask; all others take the mask-free path.
+    const bool needs_mask = (args.causal && kv_start + Tr::kBlockN > first_masked_key) ||
+                            kv_start + Tr::kBlockN > seqlen_k;
     if (needs_mask)
       apply_mask<Tr>(s, q_start + warp_row0 + lane / 4, kv_start, seqlen_q, seqlen_k, args.causal,
                      lane);

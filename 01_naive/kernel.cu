@@ -33,10 +33,10 @@
 namespace {
 
 /// Returns FA_ERR_CUDA from the enclosing launcher if a cuBLAS call fails.
-#define CUBLAS_TRY(call)                                                                  \
-  do {                                                                                    \
-    cublasStatus_t st_ = (call);                                                          \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                     \
+#define CUBLAS_TRY(call)                                                                     \
+  do {                                                                                       \
+    cublasStatus_t st_ = (call);                                                             \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                        \
       return fa::set_error(FA_ERR_CUDA, "%s failed: %s", #call, cublasGetStatusString(st_)); \
   } while (0)
 
@@ -111,7 +111,8 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
     const float pj = j < visible ? __expf(s_row[j] - row_max) * inv_sum : 0.f;
     p_row[j] = from_float<T>(pj);
   }
-  if (lse != nullptr && threadIdx.x == 0) lse[row] = visible > 0 ? row_max + logf(row_sum) : INFINITY;
+  if (lse != nullptr && threadIdx.x == 0)
+    lse[row] = visible > 0 ? row_max + logf(row_sum) : INFINITY;
 }
 
 /// Forward pass: two batched cuBLAS products around the softmax kernel.
@@ -162,8 +163,8 @@ fa_status forward_impl(const fa_fwd_args& a, cudaStream_t stream) {
       float* s_bg = s + (static_cast<int64_t>(b) * a.heads + g) * nn;
       // S^T [Nk x Nq] = scale * K [Nk x d] * Q^T [d x Nq]
       cublasStatus_t st = cublasGemmStridedBatchedEx(
-          handle, CUBLAS_OP_T, CUBLAS_OP_N, a.seqlen_k, a.seqlen_q, a.head_dim, &a.scale, k_b,
-          dt, static_cast<int>(a.k.row_stride), a.k.head_stride, q_bg, dt,
+          handle, CUBLAS_OP_T, CUBLAS_OP_N, a.seqlen_k, a.seqlen_q, a.head_dim, &a.scale, k_b, dt,
+          static_cast<int>(a.k.row_stride), a.k.head_stride, q_bg, dt,
           static_cast<int>(a.q.row_stride), group * a.q.head_stride, &zero, s_bg, CUDA_R_32F,
           a.seqlen_k, group * nn, a.heads_kv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (st != CUBLAS_STATUS_SUCCESS) {
@@ -189,8 +190,8 @@ fa_status forward_impl(const fa_fwd_args& a, cudaStream_t stream) {
       cublasStatus_t st = cublasGemmStridedBatchedEx(
           handle, CUBLAS_OP_N, CUBLAS_OP_N, a.head_dim, a.seqlen_q, a.seqlen_k, &one, v_b, dt,
           static_cast<int>(a.v.row_stride), a.v.head_stride, p_bg, dt, a.seqlen_k, group * nn,
-          &zero, o_bg, dt, static_cast<int>(a.o.row_stride), group * a.o.head_stride,
-          a.heads_kv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          &zero, o_bg, dt, static_cast<int>(a.o.row_stride), group * a.o.head_stride, a.heads_kv,
+          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (st != CUBLAS_STATUS_SUCCESS) {
         status = fa::set_error(FA_ERR_CUDA, "cublasGemmStridedBatchedEx (O = PV): %s",
                                cublasGetStatusString(st));
@@ -367,30 +368,30 @@ fa_status backward_impl(const fa_bwd_args& args, cudaStream_t stream) {
     }
   // 4. dS = P (dP - D), D = rowsum(dO * O).
   if (st == FA_OK) {
-    ds_kernel<T><<<row_grid, kSoftmaxThreads, 0, stream>>>(
-        s, p, static_cast<const T*>(a.o.ptr), dot, a.o, args.d_o, ds, a.heads, a.seqlen_q,
-        a.seqlen_k, a.head_dim);
+    ds_kernel<T><<<row_grid, kSoftmaxThreads, 0, stream>>>(s, p, static_cast<const T*>(a.o.ptr),
+                                                           dot, a.o, args.d_o, ds, a.heads,
+                                                           a.seqlen_q, a.seqlen_k, a.head_dim);
     if (cudaGetLastError() != cudaSuccess) st = fa::set_error(FA_ERR_CUDA, "ds_kernel");
   }
   // 5. dQ = scale dS K, 6. dK = scale dS^T Q (summed over the group).
   for (int b = 0; b < a.batch && st == FA_OK; ++b)
     for (int g = 0; g < group && st == FA_OK; ++g) {
       const int64_t bg = static_cast<int64_t>(b) * a.heads + g;
-      st = run_gemm(handle,
-                    {CUBLAS_OP_N, CUBLAS_OP_N, a.head_dim, a.seqlen_q, a.seqlen_k, a.scale, 0.f,
-                     kt + b * a.k.batch_stride, dt, a.k.row_stride, a.k.head_stride, ds + bg * nn,
-                     dt, a.seqlen_k, group * nn,
-                     dqt + b * args.dq.batch_stride + g * args.dq.head_stride, dt,
-                     args.dq.row_stride, group * args.dq.head_stride},
-                    a.heads_kv, "dQ = dS K");
+      st = run_gemm(
+          handle,
+          {CUBLAS_OP_N, CUBLAS_OP_N, a.head_dim, a.seqlen_q, a.seqlen_k, a.scale, 0.f,
+           kt + b * a.k.batch_stride, dt, a.k.row_stride, a.k.head_stride, ds + bg * nn, dt,
+           a.seqlen_k, group * nn, dqt + b * args.dq.batch_stride + g * args.dq.head_stride, dt,
+           args.dq.row_stride, group * args.dq.head_stride},
+          a.heads_kv, "dQ = dS K");
       if (st != FA_OK) break;
-      st = run_gemm(handle,
-                    {CUBLAS_OP_N, CUBLAS_OP_T, a.head_dim, a.seqlen_k, a.seqlen_q, a.scale,
-                     g > 0 ? 1.f : 0.f, qt + b * a.q.batch_stride + g * a.q.head_stride, dt,
-                     a.q.row_stride, group * a.q.head_stride, ds + bg * nn, dt, a.seqlen_k,
-                     group * nn, dk_acc + b * a.heads_kv * kv_head, CUDA_R_32F, a.head_dim,
-                     kv_head},
-                    a.heads_kv, "dK = dS^T Q");
+      st =
+          run_gemm(handle,
+                   {CUBLAS_OP_N, CUBLAS_OP_T, a.head_dim, a.seqlen_k, a.seqlen_q, a.scale,
+                    g > 0 ? 1.f : 0.f, qt + b * a.q.batch_stride + g * a.q.head_stride, dt,
+                    a.q.row_stride, group * a.q.head_stride, ds + bg * nn, dt, a.seqlen_k,
+                    group * nn, dk_acc + b * a.heads_kv * kv_head, CUDA_R_32F, a.head_dim, kv_head},
+                   a.heads_kv, "dK = dS^T Q");
     }
   if (st == FA_OK) {
     const int blocks = static_cast<int>(std::min<int64_t>((kv_elems + 255) / 256, 65535));
@@ -420,9 +421,11 @@ fa_status forward(const fa_fwd_args& args, cudaStream_t stream) {
 }
 
 /// cuBLAS takes any head dimension; the harness asks for multiples of 8 up to 256.
-bool supports_head_dim(int head_dim) { return head_dim % 8 == 0 && head_dim <= 256; }
+bool supports_head_dim(int head_dim) {
+  return head_dim % 8 == 0 && head_dim <= 256;
+}
 
 }  // namespace
 
-FA_REGISTER_STEP("standard attention: S and P written to device memory (cuBLAS + softmax)",
-                 forward, backward, supports_head_dim);
+FA_REGISTER_STEP("standard attention: S and P written to device memory (cuBLAS + softmax)", forward,
+                 backward, supports_head_dim);

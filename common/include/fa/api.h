@@ -57,19 +57,19 @@ typedef struct {
 /// Everything a forward pass needs.
 typedef struct {
   fa_dtype dtype;  ///< FA_FP16 or FA_BF16, for all of Q, K, V, O
-  int batch;     ///< B
-  int heads;     ///< H, query heads
-  int heads_kv;  ///< H_kv, key/value heads; must divide H (H_kv < H is GQA, 1 is MQA)
-  int seqlen_q;  ///< N_q
-  int seqlen_k;  ///< N_k
-  int head_dim;  ///< d
-  float scale;   ///< softmax scale, usually 1/sqrt(d); must be finite and > 0
-  int causal;    ///< 0 or 1
-  fa_tensor q;   ///< [B, N_q, H, d], read
-  fa_tensor k;   ///< [B, N_k, H_kv, d], read
-  fa_tensor v;   ///< [B, N_k, H_kv, d], read
-  fa_tensor o;   ///< [B, N_q, H, d], written
-  float* lse;    ///< [B, H, N_q] fp32, written if not null (the backward needs it)
+  int batch;       ///< B
+  int heads;       ///< H, query heads
+  int heads_kv;    ///< H_kv, key/value heads; must divide H (H_kv < H is GQA, 1 is MQA)
+  int seqlen_q;    ///< N_q
+  int seqlen_k;    ///< N_k
+  int head_dim;    ///< d
+  float scale;     ///< softmax scale, usually 1/sqrt(d); must be finite and > 0
+  int causal;      ///< 0 or 1
+  fa_tensor q;     ///< [B, N_q, H, d], read
+  fa_tensor k;     ///< [B, N_k, H_kv, d], read
+  fa_tensor v;     ///< [B, N_k, H_kv, d], read
+  fa_tensor o;     ///< [B, N_q, H, d], written
+  float* lse;      ///< [B, H, N_q] fp32, written if not null (the backward needs it)
 } fa_fwd_args;
 
 /// Everything a backward pass needs: the forward's inputs and outputs, dO, and the gradients.

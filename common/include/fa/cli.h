@@ -13,18 +13,18 @@ namespace fa {
 
 /// Flags of a step runner (`./build/bin/04_deferred_rescale --help`).
 struct RunnerOptions {
-  ProblemShape shape;     ///< defaults: B=1, H=16, Nq=Nk=4096, d=128, fp16, no mask
-  uint64_t seed = 0;      ///< 0: pick a fresh one from the clock (it is printed)
-  float magnitude = 1.f;  ///< Q and K uniform in [-magnitude, magnitude]
-  int warmup = 5;         ///< untimed runs
-  int repeats = 20;       ///< timed runs, median reported
-  bool check = true;      ///< compare with the fp64 oracle before timing
-  int check_rows = 256;   ///< query rows (and key rows) sampled for the check
-  bool backward = false;  ///< run the backward pass (after a forward)
+  ProblemShape shape;          ///< defaults: B=1, H=16, Nq=Nk=4096, d=128, fp16, no mask
+  uint64_t seed = 0;           ///< 0: pick a fresh one from the clock (it is printed)
+  float magnitude = 1.f;       ///< Q and K uniform in [-magnitude, magnitude]
+  int warmup = 5;              ///< untimed runs
+  int repeats = 20;            ///< timed runs, median reported
+  bool check = true;           ///< compare with the fp64 oracle before timing
+  int check_rows = 256;        ///< query rows (and key rows) sampled for the check
+  bool backward = false;       ///< run the backward pass (after a forward)
   bool deterministic = false;  ///< backward without float atomics
-  bool ceilings = true;   ///< measure the two ceilings first
-  std::string out;        ///< write the result to this .csv or .json file
-  bool help = false;      ///< print the usage and exit
+  bool ceilings = true;        ///< measure the two ceilings first
+  std::string out;             ///< write the result to this .csv or .json file
+  bool help = false;           ///< print the usage and exit
 };
 
 /// Parses runner flags. False with a one-line `error` on an unknown flag or a bad value.
@@ -39,12 +39,12 @@ std::string runner_usage(const std::string& program);
 struct BenchOptions {
   std::vector<std::string> steps;  ///< empty: every registered step
   std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384};  ///< seqlen_q = seqlen_k
-  std::vector<int> head_dims = {64, 128};                            ///< head dims
-  std::vector<int> causal = {0, 1};                                  ///< mask off, on
-  std::vector<std::string> directions = {"fwd", "bwd"};              ///< passes to time
-  fa_dtype dtype = FA_FP16;                                          ///< input dtype
-  int tokens = 16384;  ///< batch = tokens / seqlen (at least 1)
-  int hidden = 2048;   ///< heads = hidden / head_dim
+  std::vector<int> head_dims = {64, 128};                           ///< head dims
+  std::vector<int> causal = {0, 1};                                 ///< mask off, on
+  std::vector<std::string> directions = {"fwd", "bwd"};             ///< passes to time
+  fa_dtype dtype = FA_FP16;                                         ///< input dtype
+  int tokens = 16384;          ///< batch = tokens / seqlen (at least 1)
+  int hidden = 2048;           ///< heads = hidden / head_dim
   int warmup = 3;              ///< untimed runs per cell
   int repeats = 10;            ///< timed runs per cell, median reported
   bool check = true;           ///< check every cell against the oracle before timing it
@@ -56,8 +56,7 @@ struct BenchOptions {
 };
 
 /// Parses bench flags. False with a one-line `error` on an unknown flag or a bad value.
-bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* out,
-                      std::string* error);
+bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* out, std::string* error);
 
 /// The bench's --help text.
 std::string bench_usage(const std::string& program);

@@ -26,8 +26,8 @@ enum class Layout {
 /// One 16-bit device tensor with its strides.
 struct DeviceTensor {
   uint16_t* data = nullptr;  ///< the allocation (gaps included)
-  size_t elements = 0;  ///< allocated elements, gaps included
-  fa_tensor view{};     ///< what the API gets
+  size_t elements = 0;       ///< allocated elements, gaps included
+  fa_tensor view{};          ///< what the API gets
 };
 
 /// A problem in device memory, inputs uploaded once and reused across steps and repeats.
@@ -71,13 +71,34 @@ GpuInfo current_gpu();
 /// True if a usable CUDA device (sm_80+) is present; `why` says why not.
 bool gpu_available(std::string* why);
 
+/// Where one checked quantity is furthest from the oracle (its ErrorStats::worst element).
+struct ErrorLocation {
+  std::string quantity;  ///< "O", "lse", "dQ", "dK" or "dV"
+  int b = -1;            ///< batch
+  int h = -1;            ///< head: a query head for O, lse and dQ, a key/value head for dK, dV
+  int s = -1;            ///< row: query position for O, lse and dQ, key position for dK, dV
+  int c = -1;            ///< column in the head dimension (-1 for lse, one value per row)
+  double out = 0;        ///< the step's value there (NaN if it was never written)
+  double ref = 0;        ///< the oracle's value there
+  /// "O[batch 0, head 3, row 127, col 5] = 0.12 (expected 0.43)".
+  std::string describe() const;
+};
+
 /// The outcome of one check against the oracle.
 struct CheckResult {
-  bool ran = false;      ///< the API accepted the problem and the kernels ran
-  bool ok = false;       ///< ran and every quantity within its bound
-  std::string error;     ///< API error message, or what failed
+  bool ran = false;   ///< the API accepted the problem and the kernels ran
+  bool ok = false;    ///< ran and every quantity within its bound
+  std::string error;  ///< API error message, or what failed (with where, see `where`)
   std::vector<std::pair<std::string, ErrorStats>> stats;  ///< per quantity: "O", "lse", ...
+  std::vector<ErrorLocation> where;  ///< the largest error of each entry of `stats`, same order
+  /// One message per quantity out of bounds, in the order checked: "dQ out of bounds: ...".
+  std::vector<std::string> failures;
   std::string summary() const;  ///< "O max|err| ... ; lse ..." or the error
+  /// The first quantity out of bounds: its errors, bounds and where the largest error is,
+  /// e.g. "dQ out of bounds: max|out-ref| 3.1e-01 (bound 6.2e-02) ... at dQ[batch 0, head 3,
+  /// row 127, col 5] = 0.12 (expected 0.43)"; the API error if the step did not run; "" if
+  /// every quantity passed.
+  std::string first_failure() const;
 };
 /// Runs one forward of `step` on `dp` and compares O and lse with the oracle on `rows`.
 /// The outputs are poisoned first. API errors come back in CheckResult::error (ran == false).
@@ -97,12 +118,12 @@ Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool
 
 /// What measure() does besides timing.
 struct MeasureOptions {
-  bool check = true;    ///< compare with the oracle first (sampled rows)
-  int check_rows = 64;  ///< query rows (and key rows for the backward) sampled
-  uint64_t seed = 1;    ///< seed of the row sample
-  int warmup = 3;               ///< untimed runs first
-  int repeats = 10;             ///< timed runs; the median is reported
-  bool deterministic = false;   ///< backward in deterministic mode
+  bool check = true;           ///< compare with the oracle first (sampled rows)
+  int check_rows = 64;         ///< query rows (and key rows for the backward) sampled
+  uint64_t seed = 1;           ///< seed of the row sample
+  int warmup = 3;              ///< untimed runs first
+  int repeats = 10;            ///< timed runs; the median is reported
+  bool deterministic = false;  ///< backward in deterministic mode
 };
 
 /// Checks (optionally) and times one step on one problem in one direction ("fwd" or "bwd")

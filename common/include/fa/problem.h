@@ -27,6 +27,9 @@ struct ProblemShape {
   float effective_scale() const;
   /// "B=1 H=16/16 Nq=4096 Nk=4096 d=128 fp16 causal" (for logs and failure messages).
   std::string describe() const;
+  /// The API arguments for this shape: sizes, dtype, scale and mask set; tensors and lse left
+  /// empty for the caller to fill.
+  fa_fwd_args args() const;
 };
 
 /// How the random inputs are drawn.

@@ -17,8 +17,8 @@ struct GpuInfo {
   int sm_count = 0;           ///< streaming multiprocessors
   int cc_major = 0;           ///< compute capability, major
   int cc_minor = 0;           ///< compute capability, minor
-  std::string driver;   ///< e.g. "580.159"
-  std::string runtime;  ///< CUDA runtime, e.g. "13.0"
+  std::string driver;         ///< e.g. "580.159"
+  std::string runtime;        ///< CUDA runtime, e.g. "13.0"
 };
 
 /// The two ceilings every kernel is measured against (TFLOP/s, 0 if not measured).
@@ -39,18 +39,18 @@ struct Timing {
 struct ResultRow {
   std::string step;               ///< step name
   std::string direction = "fwd";  ///< "fwd" or "bwd"
-  ProblemShape shape;     ///< the problem
-  bool checked = false;   ///< compared with the oracle
-  bool passed = false;    ///< within bounds (meaningful when checked)
-  double max_abs = 0;     ///< worst max|out-ref| over the quantities checked
-  double rel_l2 = 0;      ///< worst relative L2 error over the quantities checked
-  std::string error;      ///< non-empty if the run failed or was rejected
-  Timing timing;          ///< event-timed runs
-  double tflops = 0;      ///< achieved TFLOP/s (median time)
-  double pct_mma = 0;      ///< percent of Ceilings::mma_tflops
-  double pct_cublas = 0;   ///< percent of Ceilings::cublas_tflops
-  double speedup_prev = 0; ///< time of the previous step on the same problem / this time
-  double speedup_first = 0;///< time of the first step on the same problem / this time
+  ProblemShape shape;             ///< the problem
+  bool checked = false;           ///< compared with the oracle
+  bool passed = false;            ///< within bounds (meaningful when checked)
+  double max_abs = 0;             ///< worst max|out-ref| over the quantities checked
+  double rel_l2 = 0;              ///< worst relative L2 error over the quantities checked
+  std::string error;              ///< non-empty if the run failed or was rejected
+  Timing timing;                  ///< event-timed runs
+  double tflops = 0;              ///< achieved TFLOP/s (median time)
+  double pct_mma = 0;             ///< percent of Ceilings::mma_tflops
+  double pct_cublas = 0;          ///< percent of Ceilings::cublas_tflops
+  double speedup_prev = 0;        ///< time of the previous step on the same problem / this time
+  double speedup_first = 0;       ///< time of the first step on the same problem / this time
 };
 
 /// Fills tflops and the two percentages of every row from its timing and FLOP count
@@ -71,23 +71,25 @@ void write_csv(std::ostream& os, const std::vector<ResultRow>& rows);
 
 /// Metadata passed through to the JSON report.
 struct RunInfo {
-  std::string commit;  ///< git commit of the build, or "unknown"
-  std::string date;    ///< UTC, ISO 8601
-  std::string command; ///< the command line that produced the report
+  std::string commit;   ///< git commit of the build, or "unknown"
+  std::string date;     ///< UTC, ISO 8601
+  std::string command;  ///< the command line that produced the report
 };
 
 /// {"gpu": ..., "ceilings": ..., "run": ..., "results": [...]}.
-void write_json(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings,
-                const RunInfo& run, const std::vector<ResultRow>& rows);
+void write_json(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings, const RunInfo& run,
+                const std::vector<ResultRow>& rows);
 
 /// Writes CSV if `path` ends in ".csv", JSON if it ends in ".json"; false (and `error`) if
 /// the extension is neither or the file cannot be written.
 bool write_report_file(const std::string& path, const GpuInfo& gpu, const Ceilings& ceilings,
-                       const RunInfo& run, const std::vector<ResultRow>& rows,
-                       std::string* error);
+                       const RunInfo& run, const std::vector<ResultRow>& rows, std::string* error);
 
 /// The git commit the build was configured from ("unknown" outside a checkout).
 std::string build_commit();
+
+/// This build's commit, the current time and the command line `argv` joined by spaces.
+RunInfo run_info(int argc, char** argv);
 
 /// The current UTC time as "2026-11-29T12:00:00Z".
 std::string utc_now();

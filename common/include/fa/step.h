@@ -22,11 +22,11 @@ using HeadDimFn = bool (*)(int head_dim);
 
 /// One registered step.
 struct Step {
-  const char* name;              ///< folder name, e.g. "01_naive"
-  const char* summary;           ///< one line: what this step adds
-  ForwardFn forward;             ///< never null
-  BackwardFn backward;           ///< null if the step has no backward pass
-  HeadDimFn supports_head_dim;   ///< which head dims the kernels were built for
+  const char* name;             ///< folder name, e.g. "01_naive"
+  const char* summary;          ///< one line: what this step adds
+  ForwardFn forward;            ///< never null
+  BackwardFn backward;          ///< null if the step has no backward pass
+  HeadDimFn supports_head_dim;  ///< which head dims the kernels were built for
 };
 
 /// Records `message` (printf-style) as this thread's last error and returns `status`.
@@ -47,8 +47,8 @@ fa_status set_error(fa_status status, const char* format, ...)
 #endif
 
 /// Registers the step compiled in this translation unit with the harness.
-#define FA_REGISTER_STEP(summary, forward, backward, supports_head_dim) \
-  extern "C" const fa::Step FA_STEP_SYMBOL = {FA_STEP_NAME, summary, forward, backward,  \
+#define FA_REGISTER_STEP(summary, forward, backward, supports_head_dim)                 \
+  extern "C" const fa::Step FA_STEP_SYMBOL = {FA_STEP_NAME, summary, forward, backward, \
                                               supports_head_dim}
 
 #endif  // FA_STEP_H_

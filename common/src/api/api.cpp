@@ -66,13 +66,13 @@ fa_status check_tensor(const char* name, const fa_tensor& t, int head_dim, bool 
                        static_cast<long long>(s.value));
     if (s.value % 8 != 0)
       return set_error(FA_ERR_INVALID_ARGUMENT,
-                       "%s.%s (%lld) must be a multiple of 8 elements (16-byte aligned rows)",
-                       name, s.what, static_cast<long long>(s.value));
+                       "%s.%s (%lld) must be a multiple of 8 elements (16-byte aligned rows)", name,
+                       s.what, static_cast<long long>(s.value));
   }
   if (has_rows && t.row_stride < head_dim)
     return set_error(FA_ERR_INVALID_ARGUMENT,
-                     "%s.row_stride (%lld) is smaller than head_dim (%d): rows would overlap",
-                     name, static_cast<long long>(t.row_stride), head_dim);
+                     "%s.row_stride (%lld) is smaller than head_dim (%d): rows would overlap", name,
+                     static_cast<long long>(t.row_stride), head_dim);
   if (t.head_stride < head_dim)
     return set_error(FA_ERR_INVALID_ARGUMENT,
                      "%s.head_stride (%lld) is smaller than head_dim (%d): heads would overlap",
@@ -119,9 +119,8 @@ fa_status check_forward_args(const Step& step, const fa_fwd_args& a) {
 
 fa_status check_backward_args(const Step& step, const fa_bwd_args& a) {
   if (step.backward == nullptr)
-    return set_error(FA_ERR_UNSUPPORTED,
-                     "step %s has no backward pass (steps with one: %s)", step.name,
-                     step_list(true).c_str());
+    return set_error(FA_ERR_UNSUPPORTED, "step %s has no backward pass (steps with one: %s)",
+                     step.name, step_list(true).c_str());
   fa_status st = check_forward_args(step, a.fwd);
   if (st != FA_OK) return st;
   if (a.fwd.lse == nullptr)
@@ -244,17 +243,26 @@ fa_status fa_backward(const char* step, const fa_bwd_args* args, fa_stream strea
   return fa::finish(fa::find_step(step)->backward(*args, static_cast<cudaStream_t>(stream)));
 }
 
-const char* fa_last_error(void) { return fa::g_last_error.c_str(); }
+const char* fa_last_error(void) {
+  return fa::g_last_error.c_str();
+}
 
 const char* fa_status_name(fa_status status) {
   switch (status) {
-    case FA_OK: return "FA_OK";
-    case FA_ERR_INVALID_ARGUMENT: return "FA_ERR_INVALID_ARGUMENT";
-    case FA_ERR_UNSUPPORTED: return "FA_ERR_UNSUPPORTED";
-    case FA_ERR_NO_DEVICE: return "FA_ERR_NO_DEVICE";
-    case FA_ERR_OUT_OF_MEMORY: return "FA_ERR_OUT_OF_MEMORY";
-    case FA_ERR_CUDA: return "FA_ERR_CUDA";
-    case FA_ERR_UNKNOWN_STEP: return "FA_ERR_UNKNOWN_STEP";
+    case FA_OK:
+      return "FA_OK";
+    case FA_ERR_INVALID_ARGUMENT:
+      return "FA_ERR_INVALID_ARGUMENT";
+    case FA_ERR_UNSUPPORTED:
+      return "FA_ERR_UNSUPPORTED";
+    case FA_ERR_NO_DEVICE:
+      return "FA_ERR_NO_DEVICE";
+    case FA_ERR_OUT_OF_MEMORY:
+      return "FA_ERR_OUT_OF_MEMORY";
+    case FA_ERR_CUDA:
+      return "FA_ERR_CUDA";
+    case FA_ERR_UNKNOWN_STEP:
+      return "FA_ERR_UNKNOWN_STEP";
   }
   return "FA_ERR_UNKNOWN_STATUS";
 }

@@ -13,7 +13,7 @@
 namespace fa {
 namespace {
 
-constexpr int kChains = 8;        // independent accumulators per warp: hides mma latency
+constexpr int kChains = 8;         // independent accumulators per warp: hides mma latency
 constexpr int kIterations = 4096;  // mma.sync per chain per launch
 constexpr int kMmaThreads = 256;
 

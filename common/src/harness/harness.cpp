@@ -68,15 +68,16 @@ void upload(const DeviceTensor& t, const std::vector<float>& host, fa_dtype dtyp
   for (int b = 0; b < batch; ++b)
     for (int s = 0; s < seqlen; ++s)
       for (int h = 0; h < heads; ++h) {
-        const size_t base = b * t.view.batch_stride + s * t.view.row_stride + h * t.view.head_stride;
+        const size_t base =
+            b * t.view.batch_stride + s * t.view.row_stride + h * t.view.head_stride;
         for (int c = 0; c < d; ++c) staged[base + c] = to_bits(dtype, host[i++]);
       }
   cuda_check(cudaMemcpy(t.data, staged.data(), t.elements * 2, cudaMemcpyHostToDevice),
              "cudaMemcpy (upload)");
 }
 
-std::vector<float> download(const DeviceTensor& t, fa_dtype dtype, int batch, int seqlen,
-                            int heads, int d) {
+std::vector<float> download(const DeviceTensor& t, fa_dtype dtype, int batch, int seqlen, int heads,
+                            int d) {
   std::vector<uint16_t> staged(t.elements);
   cuda_check(cudaMemcpy(staged.data(), t.data, t.elements * 2, cudaMemcpyDeviceToHost),
              "cudaMemcpy (download)");
@@ -85,7 +86,8 @@ std::vector<float> download(const DeviceTensor& t, fa_dtype dtype, int batch, in
   for (int b = 0; b < batch; ++b)
     for (int s = 0; s < seqlen; ++s)
       for (int h = 0; h < heads; ++h) {
-        const size_t base = b * t.view.batch_stride + s * t.view.row_stride + h * t.view.head_stride;
+        const size_t base =
+            b * t.view.batch_stride + s * t.view.row_stride + h * t.view.head_stride;
         for (int c = 0; c < d; ++c) out[i++] = from_bits(dtype, staged[base + c]);
       }
   return out;
@@ -107,14 +109,47 @@ std::vector<float> gather_rows(const std::vector<float>& all, const std::vector<
   return out;
 }
 
+/// Waits for the launched work; false (with the message in `result`) if the API or the GPU
+/// reported an error.
+bool finished(fa_status st, CheckResult* result) {
+  if (st == FA_OK) st = cudaDeviceSynchronize() == cudaSuccess ? FA_OK : FA_ERR_CUDA;
+  if (st != FA_OK) {
+    result->error = st == FA_ERR_CUDA && fa_last_error()[0] == '\0'
+                        ? cudaGetErrorString(cudaGetLastError())
+                        : fa_last_error();
+    return false;
+  }
+  result->ran = true;
+  result->ok = true;
+  return true;
+}
+
+/// Compares one quantity, gathered in the order of `rows` (`width` values per row: d, or 1 for
+/// lse), records its stats and where its largest error is, and fails the result if out of bounds.
 void add_stats(CheckResult* result, const std::string& name, const std::vector<float>& out,
-               const std::vector<double>& ref, const Tolerance& tol) {
+               const std::vector<double>& ref, const Tolerance& tol, const std::vector<RowId>& rows,
+               int width) {
   ErrorStats e = compare(out.data(), ref.data(), out.size());
   result->stats.emplace_back(name, e);
+  ErrorLocation where;
+  where.quantity = name;
+  if (e.count > 0 && e.worst < out.size() && width > 0 && e.worst / width < rows.size()) {
+    const RowId& r = rows[e.worst / width];
+    where.b = r.b;
+    where.h = r.h;
+    where.s = r.s;
+    where.c = width > 1 ? static_cast<int>(e.worst % width) : -1;
+    where.out = out[e.worst];
+    where.ref = ref[e.worst];
+  }
+  result->where.push_back(where);
   if (!within(e, tol)) {
     result->ok = false;
+    std::string message = name + " out of bounds: " + describe(e, tol);
+    if (where.b >= 0) message += " at " + where.describe();
+    result->failures.push_back(message);
     if (!result->error.empty()) result->error += "; ";
-    result->error += name + " out of bounds: " + describe(e, tol);
+    result->error += message;
   }
 }
 
@@ -154,16 +189,7 @@ DeviceProblem::~DeviceProblem() {
 }
 
 fa_fwd_args DeviceProblem::forward_args() const {
-  fa_fwd_args a{};
-  a.dtype = shape_.dtype;
-  a.batch = shape_.batch;
-  a.heads = shape_.heads;
-  a.heads_kv = shape_.heads_kv;
-  a.seqlen_q = shape_.seqlen_q;
-  a.seqlen_k = shape_.seqlen_k;
-  a.head_dim = shape_.head_dim;
-  a.scale = shape_.effective_scale();
-  a.causal = shape_.causal ? 1 : 0;
+  fa_fwd_args a = shape_.args();
   a.q = q_.view;
   a.k = k_.view;
   a.v = v_.view;
@@ -186,8 +212,8 @@ fa_bwd_args DeviceProblem::backward_args(bool deterministic) const {
 
 void DeviceProblem::poison_outputs() {
   poison(o_);
-  cuda_check(cudaMemset(lse_, 0xff, static_cast<size_t>(shape_.batch) * shape_.heads *
-                                        shape_.seqlen_q * 4),
+  cuda_check(cudaMemset(lse_, 0xff,
+                        static_cast<size_t>(shape_.batch) * shape_.heads * shape_.seqlen_q * 4),
              "cudaMemset (lse)");
   poison(dq_);
   poison(dk_);
@@ -235,8 +261,8 @@ GpuInfo current_gpu() {
       std::string text(line);
       for (size_t i = 0; i < text.size(); ++i) {
         size_t j = i, dots = 0;
-        while (j < text.size() && (std::isdigit(static_cast<unsigned char>(text[j])) ||
-                                   (text[j] == '.' && j > i))) {
+        while (j < text.size() &&
+               (std::isdigit(static_cast<unsigned char>(text[j])) || (text[j] == '.' && j > i))) {
           dots += text[j] == '.';
           ++j;
         }
@@ -268,6 +294,23 @@ bool gpu_available(std::string* why) {
   return true;
 }
 
+std::string ErrorLocation::describe() const {
+  char buf[256];
+  if (c >= 0)
+    std::snprintf(buf, sizeof buf, "%s[batch %d, head %d, row %d, col %d] = %.6g (expected %.6g)",
+                  quantity.c_str(), b, h, s, c, out, ref);
+  else
+    std::snprintf(buf, sizeof buf, "%s[batch %d, head %d, row %d] = %.6g (expected %.6g)",
+                  quantity.c_str(), b, h, s, out, ref);
+  return buf;
+}
+
+std::string CheckResult::first_failure() const {
+  if (!ran) return "error: " + error;
+  if (!failures.empty()) return failures.front();
+  return ok ? "" : error;
+}
+
 std::string CheckResult::summary() const {
   if (!ran) return "error: " + error;
   std::string out = ok ? "ok" : "FAIL";
@@ -286,25 +329,16 @@ CheckResult check_forward(const std::string& step, DeviceProblem& dp, const Host
   CheckResult result;
   dp.poison_outputs();
   const fa_fwd_args args = dp.forward_args();
-  fa_status st = fa_forward(step.c_str(), &args, nullptr);
-  if (st == FA_OK) st = cudaDeviceSynchronize() == cudaSuccess ? FA_OK : FA_ERR_CUDA;
-  if (st != FA_OK) {
-    result.error = st == FA_ERR_CUDA && fa_last_error()[0] == '\0'
-                       ? cudaGetErrorString(cudaGetLastError())
-                       : fa_last_error();
-    return result;
-  }
-  result.ran = true;
-  result.ok = true;
+  if (!finished(fa_forward(step.c_str(), &args, nullptr), &result)) return result;
   std::vector<float> o, lse;
   dp.download_forward(&o, &lse);
   const ForwardRef ref = reference_forward(p, rows);
   const ProblemShape& s = p.shape;
   add_stats(&result, "O", gather_rows(o, rows, s.seqlen_q, s.heads, s.head_dim), ref.o,
-            tolerance(s.dtype, Quantity::kOutput));
+            tolerance(s.dtype, Quantity::kOutput), rows, s.head_dim);
   std::vector<float> lse_rows;
   for (const RowId& r : rows) lse_rows.push_back(lse[p.lse_index(r.b, r.h, r.s)]);
-  add_stats(&result, "lse", lse_rows, ref.lse, tolerance(s.dtype, Quantity::kLse));
+  add_stats(&result, "lse", lse_rows, ref.lse, tolerance(s.dtype, Quantity::kLse), rows, 1);
   return result;
 }
 
@@ -317,26 +351,18 @@ CheckResult check_backward(const std::string& step, DeviceProblem& dp, const Hos
   const fa_bwd_args bwd = dp.backward_args(deterministic);
   fa_status st = fa_forward(step.c_str(), &fwd, nullptr);
   if (st == FA_OK) st = fa_backward(step.c_str(), &bwd, nullptr);
-  if (st == FA_OK) st = cudaDeviceSynchronize() == cudaSuccess ? FA_OK : FA_ERR_CUDA;
-  if (st != FA_OK) {
-    result.error = st == FA_ERR_CUDA && fa_last_error()[0] == '\0'
-                       ? cudaGetErrorString(cudaGetLastError())
-                       : fa_last_error();
-    return result;
-  }
-  result.ran = true;
-  result.ok = true;
+  if (!finished(st, &result)) return result;
   std::vector<float> dq, dk, dv;
   dp.download_backward(&dq, &dk, &dv);
   const BackwardRef ref = reference_backward(p, q_rows, kv_rows);
   const ProblemShape& s = p.shape;
   const Tolerance tol = tolerance(s.dtype, Quantity::kGradient);
-  add_stats(&result, "dQ", gather_rows(dq, q_rows, s.seqlen_q, s.heads, s.head_dim), ref.dq,
-            tol);
+  add_stats(&result, "dQ", gather_rows(dq, q_rows, s.seqlen_q, s.heads, s.head_dim), ref.dq, tol,
+            q_rows, s.head_dim);
   add_stats(&result, "dK", gather_rows(dk, kv_rows, s.seqlen_k, s.heads_kv, s.head_dim), ref.dk,
-            tol);
+            tol, kv_rows, s.head_dim);
   add_stats(&result, "dV", gather_rows(dv, kv_rows, s.seqlen_k, s.heads_kv, s.head_dim), ref.dv,
-            tol);
+            tol, kv_rows, s.head_dim);
   return result;
 }
 
@@ -346,8 +372,7 @@ Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool
   fa_bwd_args bwd{};
   if (backward) {
     bwd = dp.backward_args(deterministic);
-    if (fa_forward(step.c_str(), &fwd, nullptr) != FA_OK)
-      throw std::runtime_error(fa_last_error());
+    if (fa_forward(step.c_str(), &fwd, nullptr) != FA_OK) throw std::runtime_error(fa_last_error());
   }
   auto run_once = [&] {
     const fa_status st = backward ? fa_backward(step.c_str(), &bwd, nullptr)
@@ -376,8 +401,8 @@ Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool
   timing.repeats = repeats;
   timing.min_ms = ms.front();
   timing.max_ms = ms.back();
-  timing.median_ms = ms.size() % 2 ? ms[ms.size() / 2]
-                                   : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+  timing.median_ms =
+      ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
   return timing;
 }
 
@@ -390,10 +415,11 @@ ResultRow measure(const std::string& step, const std::string& direction, DeviceP
   const bool backward = direction == "bwd";
   if (options.check) {
     const CheckResult c =
-        backward ? check_backward(step, dp, p, sample_q_rows(p.shape, options.check_rows, options.seed),
-                                  sample_kv_rows(p.shape, options.check_rows, options.seed + 1),
-                                  options.deterministic)
-                 : check_forward(step, dp, p, sample_q_rows(p.shape, options.check_rows, options.seed));
+        backward
+            ? check_backward(step, dp, p, sample_q_rows(p.shape, options.check_rows, options.seed),
+                             sample_kv_rows(p.shape, options.check_rows, options.seed + 1),
+                             options.deterministic)
+            : check_forward(step, dp, p, sample_q_rows(p.shape, options.check_rows, options.seed));
     if (!c.ran) {
       row.error = c.error;
       return row;
@@ -406,8 +432,8 @@ ResultRow measure(const std::string& step, const std::string& direction, DeviceP
     }
   }
   try {
-    row.timing = time_step(step, dp, backward, options.deterministic, options.warmup,
-                           options.repeats);
+    row.timing =
+        time_step(step, dp, backward, options.deterministic, options.warmup, options.repeats);
   } catch (const std::exception& e) {
     row.error = e.what();
   }

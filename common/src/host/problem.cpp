@@ -144,6 +144,20 @@ float ProblemShape::effective_scale() const {
   return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(head_dim));
 }
 
+fa_fwd_args ProblemShape::args() const {
+  fa_fwd_args a{};
+  a.dtype = dtype;
+  a.batch = batch;
+  a.heads = heads;
+  a.heads_kv = heads_kv;
+  a.seqlen_q = seqlen_q;
+  a.seqlen_k = seqlen_k;
+  a.head_dim = head_dim;
+  a.scale = effective_scale();
+  a.causal = causal ? 1 : 0;
+  return a;
+}
+
 std::string ProblemShape::describe() const {
   std::ostringstream out;
   out << "B=" << batch << " H=" << heads << "/" << heads_kv << " Nq=" << seqlen_q

@@ -238,6 +238,12 @@ std::string build_commit() {
 #endif
 }
 
+RunInfo run_info(int argc, char** argv) {
+  RunInfo run{build_commit(), utc_now(), ""};
+  for (int i = 0; i < argc; ++i) run.command += (i ? " " : "") + std::string(argv[i]);
+  return run;
+}
+
 std::string utc_now() {
   std::time_t t = std::time(nullptr);
   std::tm tm{};

@@ -41,8 +41,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (opt.seed == 0)
-    opt.seed = static_cast<uint64_t>(
-        std::chrono::system_clock::now().time_since_epoch().count() % 1000000007ULL);
+    opt.seed = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count() %
+                                     1000000007ULL);
 
   // The sweep: problems outer (inputs made and uploaded once), steps inner.
   std::vector<fa::ProblemShape> shapes;
@@ -101,8 +101,7 @@ int main(int argc, char** argv) {
           const double secs =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           std::fprintf(stderr, "\r[%3d/%d] %-20s %s %-40s %6.1fs%s", done, total, st.c_str(),
-                       dir.c_str(), shapes[i].describe().c_str(), secs,
-                       done == total ? "\n" : "");
+                       dir.c_str(), shapes[i].describe().c_str(), secs, done == total ? "\n" : "");
           std::fflush(stderr);
         }
     }
@@ -110,9 +109,7 @@ int main(int argc, char** argv) {
     fa::compute_speedups(&rows, registered);
     fa::print_table(std::cout, gpu, ceilings, rows);
     if (!opt.out.empty()) {
-      fa::RunInfo run{fa::build_commit(), fa::utc_now(), ""};
-      for (int i = 0; i < argc; ++i) run.command += (i ? " " : "") + std::string(argv[i]);
-      if (!fa::write_report_file(opt.out, gpu, ceilings, run, rows, &error)) {
+      if (!fa::write_report_file(opt.out, gpu, ceilings, fa::run_info(argc, argv), rows, &error)) {
         std::fprintf(stderr, "bench: %s\n", error.c_str());
         return 2;
       }

@@ -32,16 +32,7 @@ fa_status check_without_gpu(const std::string& step, const fa::RunnerOptions& o)
     t.batch_stride = t.row_stride * seqlen;
     return t;
   };
-  fa_fwd_args a{};
-  a.dtype = s.dtype;
-  a.batch = s.batch;
-  a.heads = s.heads;
-  a.heads_kv = s.heads_kv;
-  a.seqlen_q = s.seqlen_q;
-  a.seqlen_k = s.seqlen_k;
-  a.head_dim = s.head_dim;
-  a.scale = s.effective_scale();
-  a.causal = s.causal ? 1 : 0;
+  fa_fwd_args a = s.args();
   a.q = a.o = view(s.seqlen_q, s.heads);
   a.k = a.v = view(s.seqlen_k, s.heads_kv);
   a.lse = reinterpret_cast<float*>(dummy);
@@ -65,8 +56,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (opt.help) {
-    std::cout << step << ": " << fa_step_summary(step.c_str()) << "\n"
-              << fa::runner_usage(argv[0]);
+    std::cout << step << ": " << fa_step_summary(step.c_str()) << "\n" << fa::runner_usage(argv[0]);
     return 0;
   }
   if (check_without_gpu(step, opt) != FA_OK) {
@@ -80,8 +70,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (opt.seed == 0)
-    opt.seed = static_cast<uint64_t>(
-        std::chrono::system_clock::now().time_since_epoch().count() % 1000000007ULL);
+    opt.seed = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count() %
+                                     1000000007ULL);
   try {
     const fa::GpuInfo gpu = fa::current_gpu();
     fa::Ceilings ceilings;
@@ -106,9 +96,7 @@ int main(int argc, char** argv) {
     fa::compute_rates(&rows, ceilings);
     fa::print_table(std::cout, gpu, ceilings, rows);
     if (!opt.out.empty()) {
-      fa::RunInfo run{fa::build_commit(), fa::utc_now(), ""};
-      for (int i = 0; i < argc; ++i) run.command += (i ? " " : "") + std::string(argv[i]);
-      if (!fa::write_report_file(opt.out, gpu, ceilings, run, rows, &error)) {
+      if (!fa::write_report_file(opt.out, gpu, ceilings, fa::run_info(argc, argv), rows, &error)) {
         std::fprintf(stderr, "%s: %s\n", step.c_str(), error.c_str());
         return 2;
       }

@@ -29,9 +29,9 @@ uint64_t test_seed(const std::string& name);
 }  // namespace fa
 
 /// Skips the current test, with the message ctest looks for, when there is no usable GPU.
-#define FA_REQUIRE_GPU()                                                   \
-  do {                                                                     \
-    std::string fa_why_;                                                   \
+#define FA_REQUIRE_GPU()                                                                  \
+  do {                                                                                    \
+    std::string fa_why_;                                                                  \
     if (!fa::test_gpu_available(&fa_why_)) GTEST_SKIP() << "No CUDA device: " << fa_why_; \
   } while (0)
 

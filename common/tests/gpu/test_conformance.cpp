@@ -121,8 +121,7 @@ class EdgeCases : public testing::TestWithParam<std::string> {
     const bool bwd = fa_step_has_backward(step.c_str()) == 1;
     DeviceProblem dp(p, layout, bwd);
     const CheckResult f = check_forward(step, dp, p, all_q_rows(s));
-    EXPECT_TRUE(f.ok) << "forward " << s.describe() << " seed " << spec.seed << ": "
-                      << f.summary();
+    EXPECT_TRUE(f.ok) << "forward " << s.describe() << " seed " << spec.seed << ": " << f.summary();
     if (bwd) {
       const CheckResult b = check_backward(step, dp, p, all_q_rows(s), all_kv_rows(s), false);
       EXPECT_TRUE(b.ok) << "backward " << s.describe() << " seed " << spec.seed << ": "

@@ -47,7 +47,9 @@ fa_bwd_args valid_backward() {
 }
 
 /// The first registered step (every build has 01_naive).
-const char* first_step() { return fa_step_name(0); }
+const char* first_step() {
+  return fa_step_name(0);
+}
 
 /// Expects `mutate` applied to a valid problem to be rejected with `status` and a message
 /// containing `needle`.
@@ -161,8 +163,7 @@ TEST(ApiValidation, NullPointers) {
 }
 
 TEST(ApiValidation, MisalignedPointers) {
-  expect_rejected([](fa_fwd_args& a) { a.v.ptr = g_buffer + 1; }, FA_ERR_INVALID_ARGUMENT,
-                  "v.ptr");
+  expect_rejected([](fa_fwd_args& a) { a.v.ptr = g_buffer + 1; }, FA_ERR_INVALID_ARGUMENT, "v.ptr");
   expect_rejected([](fa_fwd_args& a) { a.o.ptr = g_buffer + 4; }, FA_ERR_INVALID_ARGUMENT,
                   "is not 16-byte aligned");
   expect_rejected([](fa_fwd_args& a) { a.lse = reinterpret_cast<float*>(g_buffer + 2); },
@@ -227,8 +228,7 @@ TEST(ApiValidation, ForwardWithoutGpuSaysSo) {
   // On a machine without a GPU a valid call must fail cleanly with FA_ERR_NO_DEVICE; with a
   // GPU this test has nothing to show (the GPU suite runs the kernels).
   int count = 0;
-  if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0)
-    GTEST_SKIP() << "a GPU is present";
+  if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) GTEST_SKIP() << "a GPU is present";
   fa_fwd_args a = valid_forward();
   EXPECT_EQ(fa_forward(first_step(), &a, nullptr), FA_ERR_NO_DEVICE);
   EXPECT_NE(std::string(fa_last_error()).find("no CUDA device"), std::string::npos)

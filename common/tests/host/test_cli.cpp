@@ -37,11 +37,38 @@ TEST(RunnerFlags, Defaults) {
 }
 
 TEST(RunnerFlags, EveryFlag) {
-  const RunnerOptions o = parse_ok(
-      {"--batch", "3", "--heads", "12", "--heads-kv=4", "--seqlen-q", "100", "--seqlen-k", "77",
-       "--head-dim", "64", "--dtype", "bf16", "--causal", "--scale", "0.5", "--seed", "42",
-       "--magnitude", "50", "--warmup", "0", "--repeats", "7", "--no-check", "--check-rows",
-       "9", "--backward", "--deterministic", "--no-ceilings", "--out", "r.json"});
+  const RunnerOptions o = parse_ok({"--batch",
+                                    "3",
+                                    "--heads",
+                                    "12",
+                                    "--heads-kv=4",
+                                    "--seqlen-q",
+                                    "100",
+                                    "--seqlen-k",
+                                    "77",
+                                    "--head-dim",
+                                    "64",
+                                    "--dtype",
+                                    "bf16",
+                                    "--causal",
+                                    "--scale",
+                                    "0.5",
+                                    "--seed",
+                                    "42",
+                                    "--magnitude",
+                                    "50",
+                                    "--warmup",
+                                    "0",
+                                    "--repeats",
+                                    "7",
+                                    "--no-check",
+                                    "--check-rows",
+                                    "9",
+                                    "--backward",
+                                    "--deterministic",
+                                    "--no-ceilings",
+                                    "--out",
+                                    "r.json"});
   EXPECT_EQ(o.shape.batch, 3);
   EXPECT_EQ(o.shape.heads, 12);
   EXPECT_EQ(o.shape.heads_kv, 4);
@@ -122,8 +149,8 @@ TEST(BenchFlags, ListsAndChoices) {
 
 TEST(Usage, MentionsEveryFlag) {
   const std::string r = runner_usage("01_naive");
-  for (const char* flag : {"--batch", "--heads-kv", "--seqlen-q", "--dtype", "--causal",
-                           "--seed", "--no-check", "--backward", "--out"})
+  for (const char* flag : {"--batch", "--heads-kv", "--seqlen-q", "--dtype", "--causal", "--seed",
+                           "--no-check", "--backward", "--out"})
     EXPECT_NE(r.find(flag), std::string::npos) << flag;
   const std::string b = bench_usage("bench");
   for (const char* flag : {"--steps", "--seqlens", "--head-dims", "--causal", "--out"})

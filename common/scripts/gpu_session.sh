@@ -22,9 +22,12 @@ echo "gpu tests rc=$rc"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|GPU:" 
 grep -B2 -A6 "Failure" "$out/gpu_tests.log" | head -80
 for step in $(ls "$build/bin" | grep -E '^[0-9]{2}_'); do
   for causal in "" "--causal"; do
-    "$build/bin/$step" --batch 1 --heads 16 --seqlen 4096 --head-dim 128 $causal 2>&1 | tail -4
+    "$build/bin/$step" --batch 1 --heads 16 --seqlen 4096 --head-dim 128 $causal 2>&1 | tail -1
+    "$build/bin/$step" --batch 1 --heads 16 --seqlen 4096 --head-dim 128 $causal --backward \
+      --no-ceilings 2>&1 | grep -v "has no backward" | tail -1
   done
 done | tee "$out/runner.log"
+"$build/bin/01_naive" --seqlen 256 2>&1 | grep -E "GPU|Ceilings"
 if [ -n "${FA_SANITIZE:-}" ]; then
   for tool in memcheck racecheck synccheck initcheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 "$build/bin/fa_gpu_tests" \

@@ -47,6 +47,8 @@ from ._lib import (
     has_backward,
     library_path,
     load_library,
+    prepare_backward,
+    prepare_forward,
     step_summary,
     steps,
     supports_head_dim,
@@ -54,7 +56,8 @@ from ._lib import (
 
 __all__ = [
     "steps", "step_summary", "has_backward", "supports_head_dim",
-    "forward", "backward", "forward_into", "backward_into",
+    "forward", "backward", "forward_into", "backward_into", "prepare_forward",
+    "prepare_backward",
     "check_forward", "check_backward", "forward_args", "backward_args", "as_fa_tensor",
     "load_library", "library_path",
     "FlashStepsError", "InvalidArgument", "Unsupported", "NoDevice", "OutOfMemory",

@@ -515,6 +515,51 @@ def check_backward(step: str, q: Any, k: Any, v: Any, o: Any, lse: Any, d_o: Any
     _raise_for(lib.fa_check_backward(_name(step), ctypes.byref(b)), lib)
 
 
+def prepare_forward(step: str, q: Any, k: Any, v: Any, o: Any, lse: Any = None,
+                    causal: bool = False, scale: Optional[float] = None,
+                    stream: Optional[int] = None):
+    """Checks a forward problem once and returns a zero-argument function that launches it
+    (on ``stream``, default torch's current stream at this call) with almost no Python work:
+    what a timing loop wants. Raises like :func:`forward_into`, at preparation or launch."""
+    lib = load_library()
+    name = _name(step)
+    a = forward_args(q, k, v, o, lse, causal, scale)
+    _raise_for(lib.fa_check_forward(name, ctypes.byref(a)), lib)
+    stream, device = _stream_and_device(q, stream)
+    args, handle, keep = ctypes.byref(a), ctypes.c_void_p(stream), (a, q, k, v, o, lse)
+
+    def launch() -> None:
+        with device:
+            status = lib.fa_forward(name, args, handle)
+        if status != FA_OK:
+            _raise_for(status, lib)
+
+    launch.keep = keep  # the args struct and the tensors live as long as the function
+    return launch
+
+
+def prepare_backward(step: str, q: Any, k: Any, v: Any, o: Any, lse: Any, d_o: Any, dq: Any,
+                     dk: Any, dv: Any, causal: bool = False, scale: Optional[float] = None,
+                     deterministic: bool = False, stream: Optional[int] = None):
+    """Like :func:`prepare_forward`, for the backward pass."""
+    lib = load_library()
+    name = _name(step)
+    b = backward_args(q, k, v, o, lse, d_o, dq, dk, dv, causal, scale, deterministic)
+    _raise_for(lib.fa_check_backward(name, ctypes.byref(b)), lib)
+    stream, device = _stream_and_device(q, stream)
+    args, handle, keep = ctypes.byref(b), ctypes.c_void_p(stream), (b, q, k, v, o, lse, d_o,
+                                                                     dq, dk, dv)
+
+    def launch() -> None:
+        with device:
+            status = lib.fa_backward(name, args, handle)
+        if status != FA_OK:
+            _raise_for(status, lib)
+
+    launch.keep = keep
+    return launch
+
+
 def forward_into(step: str, q: Any, k: Any, v: Any, o: Any, lse: Any = None,
                  causal: bool = False, scale: Optional[float] = None,
                  stream: Optional[int] = None) -> None:

@@ -1,0 +1,686 @@
+#!/usr/bin/env python3
+"""Every step beside PyTorch's attention backends: same tensors, one process, checked, timed.
+
+Usage (on a machine with an sm_80+ GPU, PyTorch and a built libfa):
+
+    python3 common/python/compare.py                    # the paper sweep -> docs/results/<gpu>.json
+    python3 common/python/compare.py --quick            # 2 seqlens, fewer repeats (a minute)
+    python3 common/python/compare.py --steps 05_split_q,07_backward --seqlens 4096 \\
+        --head-dims 128 --causal 1 --directions fwd --out /tmp/mine.json
+    python3 common/python/compare.py --log-dir "$OUT"   # also copy the JSON and the log there
+    python3 common/python/compare.py --merge a.json b.json --out all.json   # join partial runs
+    python3 common/python/compare.py --help
+
+For every shape of the sweep (16K tokens: batch = 16384 / seqlen; hidden 2048: heads =
+2048 / head_dim; seqlen 512..16K; head dim 64 and 128; causal off and on; fp16) it makes one
+set of random inputs q, k, v, dO in BSHD layout [B, N, H, d] and runs on them:
+
+- every landed step of this repository (through the ctypes wrapper, flash_steps), forward,
+  and backward for the steps that have one;
+- PyTorch's scaled_dot_product_attention with each of its FLASH (FlashAttention-2), CUDNN and
+  EFFICIENT backends, forced with torch.nn.attention.sdpa_kernel, on [B, H, N, d] views of
+  the same tensors (q.transpose(1, 2): no copy), forward, and backward through autograd
+  (only the backward call is timed).
+
+Agreement: each output (O, and the logsumexp for the steps; dQ, dK, dV) is compared with an
+fp32 PyTorch reference computed on the upcast inputs of two (batch, head) slices, with the
+harness's per-dtype bounds (fa::tolerance() in common/src/host/metrics.cpp), and with FLASH's
+output on the whole tensor.
+
+Timing: the harness's method: CUDA events around each call, warm-up runs, the median of the
+timed repeats, and the spread (max - min) / median. The calls are queued back to back so
+that Python's launch overhead (a few microseconds that the C++ harness does not have) is
+hidden behind the GPU work instead of being timed. TFLOP/s use the harness's FLOP counts:
+forward 4 B H Nq Nk d over unmasked pairs only, backward 2.5x forward.
+
+Output: a JSON (GPU, driver, CUDA, torch and cuDNN versions, commit, date, command, and one
+row per implementation x direction x shape) at --out, by default docs/results/<gpu-slug>.json;
+a table on stdout; a progress line on stderr. The JSON is rewritten after every shape, so an
+interrupted run keeps what it measured ("complete": false). Exit status 0 if every step ran
+and passed its check, 1 otherwise, 2 on bad flags. Turn the JSON into the plot, the README
+table and docs/results.md with common/python/results.py.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+
+#: PyTorch SDPA backends compared, as (row name, torch.nn.attention.SDPBackend member).
+BACKENDS = [("sdpa_flash", "FLASH_ATTENTION"), ("sdpa_cudnn", "CUDNN_ATTENTION"),
+            ("sdpa_efficient", "EFFICIENT_ATTENTION")]
+FLASH = "sdpa_flash"
+
+#: The harness's bounds (fa::tolerance, common/src/host/metrics.cpp), per dtype and quantity:
+#: max|out - ref| <= c1 * max(|ref|max, 1) and ||out - ref|| / ||ref|| <= c2.
+EPS = {"fp16": 2.0 ** -10, "bf16": 2.0 ** -7}
+
+
+def tolerance(dtype, quantity):
+    """(c1, c2) of the harness for 'output', 'lse' or 'gradient'."""
+    eps = EPS[dtype]
+    return {"output": (4 * eps, eps), "lse": (1e-4, 1e-4), "gradient": (16 * eps, 4 * eps)}[quantity]
+
+
+def unmasked_pairs(seqlen_q, seqlen_k, causal):
+    """Query/key pairs not masked (bottom-right aligned causal), as fa::unmasked_pairs."""
+    if seqlen_q <= 0 or seqlen_k <= 0:
+        return 0
+    if not causal:
+        return seqlen_q * seqlen_k
+    first = max(seqlen_k - seqlen_q + 1, 1)
+    return seqlen_k * (seqlen_k + 1) // 2 - (first - 1) * first // 2
+
+
+def flops(direction, batch, heads, seqlen_q, seqlen_k, head_dim, causal):
+    """FLOPs as the harness counts them: forward 4 B H d pairs, backward 2.5x that."""
+    f = 4.0 * batch * heads * head_dim * unmasked_pairs(seqlen_q, seqlen_k, causal)
+    return 2.5 * f if direction == "bwd" else f
+
+
+def gpu_slug(name):
+    """'NVIDIA H200' -> 'nvidia-h200' (the file name of a GPU's results)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def int_list(text):
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated integers, got %r" % text)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description="Run every step and PyTorch's SDPA backends (FLASH, CUDNN, EFFICIENT) on "
+                    "the same tensors, check that they agree, and time them.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: python3 common/python/compare.py --quick --log-dir $OUT")
+    p.add_argument("--steps", help="comma-separated steps (default: every landed step)")
+    p.add_argument("--backends", default="flash,cudnn,efficient",
+                   help="PyTorch SDPA backends to run (default: flash,cudnn,efficient)")
+    p.add_argument("--seqlens", type=int_list, default=[512, 1024, 2048, 4096, 8192, 16384],
+                   help="sequence lengths (default: 512,1024,2048,4096,8192,16384)")
+    p.add_argument("--head-dims", type=int_list, default=[64, 128], help="default: 64,128")
+    p.add_argument("--causal", type=int_list, default=[0, 1],
+                   help="0 (no mask), 1 (causal) or 0,1 (default)")
+    p.add_argument("--directions", default="fwd,bwd", help="fwd, bwd or fwd,bwd (default)")
+    p.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16")
+    p.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seqlen (16384)")
+    p.add_argument("--hidden", type=int, default=2048, help="heads = hidden / head_dim (2048)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed runs per measurement (5)")
+    p.add_argument("--repeats", type=int, default=20, help="timed runs, median reported (20)")
+    p.add_argument("--quick", action="store_true",
+                   help="seqlens 1024,4096, warm-up 2, repeats 5 (other flags still apply)")
+    p.add_argument("--no-check", action="store_true", help="skip the agreement checks")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic backward of the steps")
+    p.add_argument("--seed", type=int, default=0, help="input seed (0: from the clock, saved)")
+    p.add_argument("--out", help="JSON to write (default: docs/results/<gpu-slug>.json)")
+    p.add_argument("--log-dir", default=os.environ.get("OUT"),
+                   help="folder for a copy of the JSON and the log (default: $OUT if set)")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="no GPU work: join the rows of these partial runs into --out")
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": smoke tests
+    a = p.parse_args(argv)
+    if a.quick:
+        if a.seqlens == p.get_default("seqlens"):
+            a.seqlens = [1024, 4096]
+        a.warmup = min(a.warmup, 2)
+        a.repeats = min(a.repeats, 5)
+    a.directions = [d for d in a.directions.split(",") if d]
+    if not a.directions or any(d not in ("fwd", "bwd") for d in a.directions):
+        p.error("--directions takes fwd, bwd or fwd,bwd")
+    if any(c not in (0, 1) for c in a.causal) or not a.causal:
+        p.error("--causal takes 0, 1 or 0,1")
+    if any(n < 1 for n in a.seqlens) or any(d < 1 for d in a.head_dims):
+        p.error("--seqlens and --head-dims must be positive")
+    if a.repeats < 1 or a.warmup < 0:
+        p.error("--repeats must be >= 1 and --warmup >= 0")
+    names = dict((n.split("_", 1)[1], n) for n, _ in BACKENDS)
+    a.backends = [b for b in a.backends.split(",") if b]
+    for b in a.backends:
+        if b not in names:
+            p.error("unknown backend %r (choose from %s)" % (b, ",".join(names)))
+    a.backends = [names[b] for b in a.backends]
+    if a.merge and not a.out:
+        p.error("--merge needs --out")
+    return a
+
+
+# ---------------------------------------------------------------------------------------------
+# Run information
+# ---------------------------------------------------------------------------------------------
+
+
+def _run(cmd):
+    try:
+        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def run_info():
+    """Commit (and whether tracked files differ from it), date, command line."""
+    commit = _run(["git", "rev-parse", "HEAD"]) or "unknown"
+    dirty = bool(_run(["git", "status", "--porcelain", "--untracked-files=no"]))
+    return {"commit": commit, "dirty": dirty,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": " ".join(["python3", os.path.relpath(os.path.abspath(sys.argv[0]), REPO)]
+                                + sys.argv[1:]),
+            "host": platform.node()}
+
+
+def gpu_info(torch, fs):
+    """The GPU and the software stack of this run."""
+    dev = torch.cuda.current_device()
+    prop = torch.cuda.get_device_properties(dev)
+    driver = _run(["nvidia-smi", "-i", str(dev), "--query-gpu=driver_version",
+                   "--format=csv,noheader"]) or "unknown"
+    nvcc = _run(["nvcc", "--version"])
+    m = re.search(r"release ([0-9.]+)", nvcc)
+    return {"name": prop.name, "sm_count": prop.multi_processor_count,
+            "compute_capability": "%d.%d" % (prop.major, prop.minor),
+            "memory_gib": round(prop.total_memory / 2 ** 30, 1),
+            "driver": driver.splitlines()[0] if driver else "unknown",
+            "cuda_runtime_torch": torch.version.cuda or "unknown",
+            "cuda_toolkit_libfa": m.group(1) if m else "unknown",
+            "torch": torch.__version__,
+            "cudnn": str(torch.backends.cudnn.version()),
+            "libfa": os.path.relpath(fs.library_path(), REPO)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement
+# ---------------------------------------------------------------------------------------------
+
+
+def synchronize(torch, device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def empty_cache(torch, device):
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def time_calls(torch, fn, warmup, repeats, device="cuda"):
+    """Harness timing: warm-up, then CUDA events around each of `repeats` calls; median,
+    min, max in ms. Calls are queued back to back (one synchronize at the end)."""
+    for _ in range(warmup):
+        fn()
+    if device == "cuda":
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        stops = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        for i in range(repeats):
+            starts[i].record()
+            fn()
+            stops[i].record()
+        torch.cuda.synchronize()
+        ms = sorted(s.elapsed_time(e) for s, e in zip(starts, stops))
+    else:  # CPU smoke tests only
+        ms = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            ms.append(1e3 * (time.perf_counter() - t0))
+        ms.sort()
+    n = len(ms)
+    median = ms[n // 2] if n % 2 else 0.5 * (ms[n // 2 - 1] + ms[n // 2])
+    return {"median_ms": median, "min_ms": ms[0], "max_ms": ms[-1], "repeats": repeats,
+            "spread_pct": 100.0 * (ms[-1] - ms[0]) / median if median > 0 else 0.0}
+
+
+def error_stats(torch, out, ref):
+    """max|out - ref| and ||out - ref|| / ||ref|| in float64 (inf if out has NaN/inf where ref
+    is finite), plus max|ref| for the bound. Equal infinities (lse of empty rows) match."""
+    out = out.double()
+    ref = ref.double()
+    same_inf = torch.isinf(ref) & (out == ref)
+    out = torch.where(same_inf, torch.zeros_like(out), out)
+    ref = torch.where(same_inf, torch.zeros_like(ref), ref)
+    if not bool(torch.isfinite(out).all()) or not bool(torch.isfinite(ref).all()):
+        return {"max_abs": float("inf"), "rel_l2": float("inf"), "ref_max": 0.0}
+    err = (out - ref).abs()
+    ref_norm = float(ref.norm())
+    rel = float((out - ref).norm()) / ref_norm if ref_norm > 0 else (
+        0.0 if float(err.max()) == 0 else float("inf"))
+    return {"max_abs": float(err.max()), "rel_l2": rel, "ref_max": float(ref.abs().max())}
+
+
+def within(stats, bound):
+    c1, c2 = bound
+    return (math.isfinite(stats["max_abs"]) and stats["max_abs"] <= c1 * max(stats["ref_max"], 1.0)
+            and stats["rel_l2"] <= c2)
+
+
+class Reference:
+    """fp32 attention on upcast inputs for a few (batch, head) slices: O, lse, dQ, dK, dV.
+
+    Rows that see no key (causal with Nq > Nk) get O = 0 and lse = +inf, like the steps."""
+
+    def __init__(self, torch, q, k, v, d_o, causal, scale, slices, backward):
+        self.slices = slices
+        self.o, self.lse, self.dq, self.dk, self.dv = [], [], [], [], []
+        Nq, Nk = q.shape[1], k.shape[1]
+        group = q.shape[2] // k.shape[2]
+        for b, h in slices:
+            qh = q[b, :, h].float().requires_grad_(backward)
+            kh = k[b, :, h // group].float().requires_grad_(backward)
+            vh = v[b, :, h // group].float().requires_grad_(backward)
+            with torch.set_grad_enabled(backward):
+                s = (qh @ kh.t()) * scale
+                if causal:
+                    i = torch.arange(Nq, device=q.device)[:, None]
+                    j = torch.arange(Nk, device=q.device)[None, :]
+                    s = s.masked_fill(j > i + (Nk - Nq), float("-inf"))
+                lse = torch.logsumexp(s, dim=-1)
+                empty = torch.isinf(lse)
+                p = torch.exp(s - torch.where(empty, torch.zeros_like(lse), lse)[:, None])
+                p = torch.where(empty[:, None], torch.zeros_like(p), p)
+                o = p @ vh
+            self.o.append(o.detach())
+            self.lse.append(torch.where(empty, torch.full_like(lse, float("inf")), lse).detach())
+            if backward:
+                dq, dk, dv = torch.autograd.grad(o, (qh, kh, vh), d_o[b, :, h].float())
+                self.dq.append(dq)
+                self.dk.append(dk)
+                self.dv.append(dv)
+            del s, p
+
+    def gather(self, t, group=1):
+        """The same slices of a BSHD output, stacked (for K/V-shaped tensors: group > 1)."""
+        return [t[b, :, h // group] for b, h in self.slices]
+
+
+def stats_over(torch, outs, refs):
+    """Error statistics over several slices at once."""
+    return error_stats(torch, torch.cat([o.reshape(-1) for o in outs]),
+                       torch.cat([r.reshape(-1) for r in refs]))
+
+
+def sdpa_call(torch, backend, q, k, v, causal, scale):
+    """SDPA forced to one backend on [B, H, N, d] views of BSHD tensors; returns BSHD."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(getattr(SDPBackend, backend)):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=bool(causal),
+            scale=scale)
+    return out.transpose(1, 2)
+
+
+class Progress:
+    """One progress line on stderr, rewritten in place on a terminal."""
+
+    def __init__(self, total, log):
+        self.total, self.done, self.log, self.t0 = total, 0, log, time.time()
+        self.tty = sys.stderr.isatty()
+
+    def show(self, text):
+        self.done += 1
+        line = "[%3d/%d %5.0fs] %s" % (self.done, self.total, time.time() - self.t0, text)
+        sys.stderr.write(("\r\033[K" + line) if self.tty else line + "\n")
+        sys.stderr.flush()
+        self.log.append(line)
+
+    def end(self):
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+def describe_error(e):
+    text = str(e).strip().splitlines()
+    return (type(e).__name__ + ": " + (text[0] if text else "")).strip()
+
+
+def measure_shape(torch, fs, args, shape, steps, progress):
+    """All rows of one shape: backends first (FLASH's outputs are the agreement baseline),
+    then the steps."""
+    dev = args.device
+    d, causal, N = shape["head_dim"], shape["causal"], shape["seqlen_q"]
+    B, H, Hkv = shape["batch"], shape["heads"], shape["heads_kv"]
+    group = H // Hkv
+    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+    scale = 1.0 / math.sqrt(d)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(shape["seed"])
+    q = torch.randn((B, N, H, d), generator=gen, device=dev, dtype=dtype)
+    k, v = (torch.randn((B, N, Hkv, d), generator=gen, device=dev, dtype=dtype)
+            for _ in range(2))
+    d_o = torch.randn((B, N, H, d), generator=gen, device=dev, dtype=dtype)
+    want_fwd, want_bwd = "fwd" in args.directions, "bwd" in args.directions
+    ref = None
+    if not args.no_check:
+        slices = sorted({(0, 0), (B - 1, H - 1)})
+        ref = Reference(torch, q, k, v, d_o, causal, scale, slices, want_bwd)
+    rows = []
+    flash = {}  # FLASH's outputs: 'o', 'dq', 'dk', 'dv'
+
+    def row(impl, kind, direction):
+        r = dict(shape)
+        r.update(impl=impl, kind=kind, direction=direction, checked=False, passed=False,
+                 error="", flops=flops(direction, B, H, N, N, d, causal))
+        return r
+
+    def finish(r, timing, checks, vs_flash):
+        r.update(timing)
+        r["tflops"] = r["flops"] / (timing["median_ms"] * 1e-3) / 1e12
+        if checks:
+            r["checked"] = True
+            r["errors"] = checks
+            r["passed"] = all(c["passed"] for c in checks.values())
+            r["max_abs"] = max(c["max_abs"] for c in checks.values())
+            r["rel_l2"] = max(c["rel_l2"] for c in checks.values())
+        if vs_flash is not None:
+            r["max_abs_vs_flash"] = vs_flash
+
+    def check(outs, refs, quantity):
+        st = stats_over(torch, outs, refs)
+        st["passed"] = within(st, tolerance(args.dtype, quantity))
+        return st
+
+    def check_grads(dq, dk, dv):
+        if ref is None:
+            return None
+        return {"dQ": check(ref.gather(dq), ref.dq, "gradient"),
+                "dK": check(ref.gather(dk, group), ref.dk, "gradient"),
+                "dV": check(ref.gather(dv, group), ref.dv, "gradient")}
+
+    def versus_flash(pairs):
+        if not all(key in flash for key, _ in pairs):
+            return None
+        return max(float((t.float() - flash[key].float()).abs().max()) for key, t in pairs)
+
+    def report(r):
+        rows.append(r)
+        what = "%-15s %s d=%d %s N=%d" % (r["impl"], r["direction"], d,
+                                          "causal" if causal else "full", N)
+        if r["error"]:
+            progress.show("%s  error: %s" % (what, r["error"]))
+        else:
+            progress.show("%s  %8.3f ms  %6.1f TFLOP/s  %s" % (
+                what, r["median_ms"], r["tflops"],
+                ("ok" if r["passed"] else "FAIL") if r["checked"] else "not checked"))
+
+    # --- PyTorch backends ----------------------------------------------------------------
+    for impl in args.backends:
+        backend = dict(BACKENDS)[impl]
+        if want_fwd:
+            r = row(impl, "pytorch", "fwd")
+            try:
+                o = sdpa_call(torch, backend, q, k, v, causal, scale)
+                synchronize(torch, dev)
+                checks = {"O": check(ref.gather(o), ref.o, "output")} if ref else None
+                vs = versus_flash([("o", o)])
+                if impl == FLASH:
+                    flash["o"] = o
+                finish(r, time_calls(torch, lambda: sdpa_call(torch, backend, q, k, v, causal,
+                                                              scale),
+                                     args.warmup, args.repeats, dev), checks, vs)
+                del o
+            except Exception as e:  # a backend that does not take this shape, OOM, ...
+                r["error"] = describe_error(e)
+            report(r)
+        if want_bwd:
+            r = row(impl, "pytorch", "bwd")
+            try:
+                leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+                out = sdpa_call(torch, backend, *leaves, causal, scale)
+
+                def grad():
+                    return torch.autograd.grad(out, leaves, d_o, retain_graph=True)
+
+                dq, dk, dv = grad()
+                synchronize(torch, dev)
+                checks = check_grads(dq, dk, dv)
+                vs = versus_flash([("dq", dq), ("dk", dk), ("dv", dv)])
+                if impl == FLASH:
+                    flash.update(dq=dq, dk=dk, dv=dv)
+                finish(r, time_calls(torch, grad, args.warmup, args.repeats, dev), checks, vs)
+                del out, leaves, dq, dk, dv, grad
+            except Exception as e:
+                r["error"] = describe_error(e)
+            report(r)
+        empty_cache(torch, dev)
+
+    # --- the steps -------------------------------------------------------------------------
+    for step in steps:
+        step_bwd = want_bwd and fs.has_backward(step)
+        if not (want_fwd or step_bwd):
+            continue
+        o = torch.full_like(q, float("nan"))  # poisoned: an unwritten element fails the check
+        lse = torch.full((B, H, N), float("nan"), device=dev, dtype=torch.float32)
+        r = row(step, "step", "fwd")
+        try:
+            launch = fs.prepare_forward(step, q, k, v, o, lse, causal, scale)
+            launch()
+            synchronize(torch, dev)
+            checks = None
+            if ref is not None:
+                checks = {"O": check(ref.gather(o), ref.o, "output"),
+                          "lse": check([lse[b, h] for b, h in ref.slices], ref.lse, "lse")}
+            if want_fwd:
+                finish(r, time_calls(torch, launch, args.warmup, args.repeats, dev), checks,
+                       versus_flash([("o", o)]))
+            del launch
+        except Exception as e:
+            r["error"] = describe_error(e)
+        if want_fwd:
+            report(r)
+        if step_bwd:
+            fwd_error = r["error"]
+            r = row(step, "step", "bwd")
+            try:
+                if fwd_error:
+                    raise RuntimeError("no O and lse: the forward failed (%s)" % fwd_error)
+                dq = torch.full_like(q, float("nan"))
+                dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+                launch = fs.prepare_backward(step, q, k, v, o, lse, d_o, dq, dk, dv, causal,
+                                             scale, args.deterministic)
+                launch()
+                synchronize(torch, dev)
+                checks = check_grads(dq, dk, dv)
+                finish(r, time_calls(torch, launch, args.warmup, args.repeats, dev), checks,
+                       versus_flash([("dq", dq), ("dk", dk), ("dv", dv)]))
+                del dq, dk, dv, launch
+            except Exception as e:
+                r["error"] = describe_error(e)
+            report(r)
+        del o, lse
+        empty_cache(torch, dev)
+    del flash, ref, q, k, v, d_o
+    empty_cache(torch, dev)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------------
+
+
+def clean(x):
+    """JSON has no NaN or inf: write them as null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [clean(v) for v in x]
+    return x
+
+
+def write_json(path, doc):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(clean(doc), f, indent=1, sort_keys=False, allow_nan=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def table(rows):
+    """The rows as a text table, one shape after another, with the speed ratio to FLASH."""
+    lines = ["%-15s %-3s %4s %-6s %6s %4s %3s %9s %7s %8s %8s %9s  %s" % (
+        "impl", "dir", "d", "mask", "N", "B", "H", "ms", "spread", "TFLOP/s", "vs FLASH",
+        "max|err|", "check")]
+    flash = {}
+    for r in rows:
+        if r["impl"] == FLASH and not r.get("error"):
+            flash[key_of(r)] = r["median_ms"]
+    for r in rows:
+        head = "%-15s %-3s %4d %-6s %6d %4d %3d" % (
+            r["impl"], r["direction"], r["head_dim"], "causal" if r["causal"] else "none",
+            r["seqlen_q"], r["batch"], r["heads"])
+        if r.get("error"):
+            lines.append(head + "  error: " + r["error"])
+            continue
+        f = flash.get(key_of(r))
+        lines.append(head + " %9.3f %6.1f%% %8.1f %8s %9s  %s" % (
+            r["median_ms"], r["spread_pct"], r["tflops"],
+            "%.2fx" % (f / r["median_ms"]) if f else "-",
+            "%.1e" % r["max_abs"] if r.get("checked") and r.get("max_abs") is not None else "-",
+            ("ok" if r["passed"] else "FAIL") if r.get("checked") else "not checked"))
+    return "\n".join(lines)
+
+
+def key_of(r):
+    return (r["direction"], r["dtype"], r["batch"], r["heads"], r["heads_kv"], r["seqlen_q"],
+            r["seqlen_k"], r["head_dim"], r["causal"])
+
+
+def merge(paths, out):
+    """Joins partial runs (same GPU) into one JSON: later files win for the same row."""
+    docs = []
+    for p in paths:
+        with open(p) as f:
+            docs.append(json.load(f))
+    names = {d["gpu"]["name"] for d in docs}
+    if len(names) > 1:
+        sys.exit("compare.py: refusing to merge runs from different GPUs: %s" % sorted(names))
+    merged = dict(docs[0])
+    rows = {}
+    for d in docs:
+        for r in d["results"]:
+            rows[(r["impl"],) + key_of(r)] = r
+    merged["results"] = list(rows.values())
+    merged["runs"] = [d["run"] for d in docs]
+    merged["run"] = dict(docs[-1]["run"])
+    merged["complete"] = all(d.get("complete") for d in docs)
+    merged["merged_from"] = [os.path.basename(p) for p in paths]
+    write_json(out, merged)
+    print("compare.py: %d rows from %d files -> %s" % (len(rows), len(paths), out))
+    return 0
+
+
+def cpu_info(torch, fs):
+    """Stand-in for gpu_info in CPU smoke tests (--device cpu)."""
+    return {"name": "CPU smoke test", "sm_count": 0, "compute_capability": "", "driver": "",
+            "cuda_runtime_torch": "", "cuda_toolkit_libfa": "", "torch": torch.__version__,
+            "cudnn": "", "libfa": ""}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out)
+    try:
+        import torch
+    except ImportError:
+        sys.exit("compare.py: PyTorch is required (pip install torch)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("compare.py: no CUDA GPU visible to PyTorch")
+    import flash_steps as fs
+
+    try:
+        available = fs.steps()
+    except fs.LibraryNotFound as e:
+        sys.exit("compare.py: %s" % e)
+    steps = available if not args.steps else [s for s in args.steps.split(",") if s]
+    unknown = [s for s in steps if s not in available]
+    if unknown:
+        sys.exit("compare.py: unknown step(s) %s (landed: %s)" % (", ".join(unknown),
+                                                                  ", ".join(available)))
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference stays fp32
+    torch.backends.cudnn.allow_tf32 = False
+    if args.seed == 0:
+        args.seed = int(time.time() * 1000) % 1000000007
+    gpu = gpu_info(torch, fs) if args.device == "cuda" else cpu_info(torch, fs)
+    out = args.out or os.path.join(REPO, "docs", "results", gpu_slug(gpu["name"]) + ".json")
+    copy = None
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
+        copy = os.path.join(args.log_dir, os.path.basename(out))
+        if os.path.abspath(copy) == os.path.abspath(out):
+            copy = None
+    shapes = []
+    for d in args.head_dims:
+        for causal in args.causal:
+            for N in args.seqlens:
+                heads = max(1, args.hidden // d)
+                shapes.append({"dtype": args.dtype, "batch": max(1, args.tokens // N),
+                               "heads": heads, "heads_kv": heads, "seqlen_q": N, "seqlen_k": N,
+                               "head_dim": d, "causal": bool(causal),
+                               "seed": args.seed + len(shapes)})
+    per_shape = len(args.backends) * len(args.directions)
+    for st in steps:
+        per_shape += ("fwd" in args.directions) + ("bwd" in args.directions
+                                                   and fs.has_backward(st))
+    log = []
+    progress = Progress(per_shape * len(shapes), log)
+    doc = {"gpu": gpu, "run": run_info(),
+           "settings": {"dtype": args.dtype, "tokens": args.tokens, "hidden": args.hidden,
+                        "seqlens": args.seqlens, "head_dims": args.head_dims,
+                        "causal": [bool(c) for c in args.causal],
+                        "directions": args.directions, "warmup": args.warmup,
+                        "repeats": args.repeats, "seed": args.seed,
+                        "checked": not args.no_check, "deterministic": args.deterministic,
+                        "steps": steps, "backends": args.backends,
+                        "inputs": "q, k, v, dO ~ N(0, 1) in BSHD; SDPA gets [B, H, N, d] views",
+                        "reference": "fp32 torch on upcast inputs, slices (b, h) = (0, 0) and "
+                                     "(B-1, H-1); bounds of fa::tolerance()",
+                        "timing": "CUDA events around each call, calls queued back to back, "
+                                  "median of the repeats after the warm-up"},
+           "complete": False, "results": []}
+
+    def save():
+        write_json(out, doc)
+        if copy:
+            write_json(copy, doc)
+            with open(os.path.join(args.log_dir, "compare.log"), "w") as f:
+                f.write("\n".join(log) + "\n")
+
+    sys.stderr.write("compare.py: %s, %d shapes x %d measurements, seed %d -> %s\n" % (
+        gpu["name"], len(shapes), per_shape, args.seed, out))
+    for shape in shapes:
+        doc["results"] += measure_shape(torch, fs, args, shape, steps, progress)
+        save()
+    progress.end()
+    doc["complete"] = True
+    text = table(doc["results"])
+    bad = [r for r in doc["results"] if r["kind"] == "step" and
+           (r["error"] or (r["checked"] and not r["passed"]))]
+    summary = "compare.py: %d rows, %d step rows failed or errored -> %s" % (
+        len(doc["results"]), len(bad), out)
+    log += ["", text, summary]
+    save()
+    print(text)
+    print(summary)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Smoke test of compare.py's whole loop on the CPU (skipped without torch).
+
+The steps are stand-ins written in torch (libfa needs a GPU); PyTorch's SDPA runs on the CPU,
+where backends that only exist on a GPU fail and must come out as rows with an error, not as
+a crash. Checks the JSON compare.py writes and that results.py reads it.
+"""
+
+import json
+import math
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import compare  # noqa: E402
+import flash_steps  # noqa: E402
+import results  # noqa: E402
+
+
+def attention(q, k, v, causal, scale):
+    """fp32 attention on BSHD tensors: O, lse."""
+    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
+    s = qf @ kf.transpose(-1, -2) * scale
+    if causal:
+        nq, nk = q.shape[1], k.shape[1]
+        i = torch.arange(nq)[:, None]
+        j = torch.arange(nk)[None, :]
+        s = s.masked_fill(j > i + nk - nq, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return (torch.softmax(s, -1) @ vf).transpose(1, 2), lse
+
+
+class FakeSteps:
+    """flash_steps with two stand-in steps; 'bad' returns a wrong answer."""
+
+    def __init__(self, wrong=False):
+        self.wrong = wrong
+
+    def steps(self):
+        return ["01_naive", "07_backward"]
+
+    def has_backward(self, step):
+        return step == "07_backward"
+
+    def library_path(self):
+        return "build/lib/libfa.so"
+
+    def prepare_forward(self, step, q, k, v, o, lse, causal, scale):
+        def launch():
+            out, l = attention(q, k, v, causal, scale)
+            o.copy_(out * (1.5 if self.wrong and step == "01_naive" else 1.0))
+            lse.copy_(l)
+        return launch
+
+    def prepare_backward(self, step, q, k, v, o, lse, d_o, dq, dk, dv, causal, scale,
+                         deterministic):
+        def launch():
+            leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+            out, _ = attention(*leaves, causal, scale)
+            g = torch.autograd.grad(out, leaves, d_o.float())
+            for dst, src in zip((dq, dk, dv), g):
+                dst.copy_(src)
+        return launch
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_compare_runs_on_cpu(tmp_path, monkeypatch, wrong):
+    fake = FakeSteps(wrong)
+    for name in ("steps", "has_backward", "library_path", "prepare_forward",
+                 "prepare_backward"):
+        monkeypatch.setattr(flash_steps, name, getattr(fake, name))
+    out = tmp_path / "cpu.json"
+    rc = compare.main(["--device", "cpu", "--seqlens", "64,128", "--head-dims", "64",
+                       "--tokens", "256", "--hidden", "128", "--warmup", "1", "--repeats", "3",
+                       "--dtype", "bf16", "--out", str(out), "--log-dir", str(tmp_path / "log"),
+                       "--seed", "5"])
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is True
+    assert rc == (1 if wrong else 0)
+    rows = doc["results"]
+    impls = {(r["impl"], r["direction"]) for r in rows}
+    assert ("01_naive", "fwd") in impls and ("07_backward", "bwd") in impls
+    assert ("01_naive", "bwd") not in impls
+    assert {("sdpa_flash", "fwd"), ("sdpa_cudnn", "bwd"), ("sdpa_efficient", "fwd")} <= impls
+    assert len(rows) == 2 * 2 * (3 * 2 + 1 + 2)  # 2 causal x 2 seqlens x rows per shape
+    for r in rows:
+        if r["kind"] == "step":
+            assert not r["error"], r
+            assert r["checked"] and r["tflops"] > 0
+            assert r["passed"] == (not (wrong and r["impl"] == "01_naive")), r
+            assert set(r["errors"]) == ({"O", "lse"} if r["direction"] == "fwd"
+                                        else {"dQ", "dK", "dV"})
+        b, n = r["batch"], r["seqlen_q"]
+        assert b == 256 // n and r["heads"] == 2
+        assert math.isclose(r["flops"], compare.flops(r["direction"], b, 2, n, n, 64,
+                                                      r["causal"]))
+    flash = [r for r in rows if r["impl"] == "sdpa_flash" and not r["error"]]
+    if flash:  # the CPU build of SDPA has a FLASH kernel: steps are compared with it
+        assert any("max_abs_vs_flash" in r for r in rows if r["kind"] == "step")
+    assert (tmp_path / "log" / "cpu.json").exists()
+    assert "07_backward" in (tmp_path / "log" / "compare.log").read_text()
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results:begin -->\n<!-- results:end -->\n")
+    assert results.main([str(out), "--readme", str(readme), "--page", str(tmp_path / "r.md"),
+                         "--no-plot"]) == 0

@@ -10,8 +10,9 @@
 /// - Because nothing is divided inside the loop, row_sum is no longer needed per block: each
 ///   lane keeps a partial sum of its own keys, and the warps combine them once at the end. One
 ///   exchange through shared memory and one barrier per K/V block are gone.
-/// - The only statistic stored is the logsumexp \f$L = c\, m + \ln \ell\f$ (one fp32 per row),
-///   which is all the backward pass needs.
+/// - The one statistic kept for the backward pass is the logsumexp
+///   \f$L = c\, m + \ln \ell\f$, one fp32 per row, as in step 03 (FlashAttention-1, step 02,
+///   kept m and \f$\ell\f$ as two arrays in device memory).
 ///
 /// What it still wastes (step 05 removes it): the warps split K, as FlashAttention-1 did.
 /// All 4 warps share the whole Q block; each takes a quarter of the keys of the K/V block.

@@ -139,15 +139,20 @@ struct RandomProblem {
 };
 
 constexpr int kSampledRows = 48;
-/// Caps keep the host side bounded: elements of the largest tensor, and B*H*Nq*Nk*d (the
-/// oracle's work: forward on all rows; the backward always needs all rows' L and D).
+/// Caps keep the host side bounded: elements of the largest tensor, B*H*Nq*Nk*d (the GPU's
+/// work, and 01_naive's N^2 buffers), and for the backward group*Nq*Nk*d (the oracle computes
+/// L and D on every query row of the key/value head group it checks).
 constexpr double kMaxElements = 8.0 * 1024 * 1024;
-constexpr double kMaxWorkForward = 8.0 * 1024 * 1024 * 1024;
-constexpr double kMaxWorkBackward = 2.0 * 1024 * 1024 * 1024;
+constexpr double kMaxWork = 8.0 * 1024 * 1024 * 1024;
+constexpr double kMaxGroupWorkBackward = 2.0 * 1024 * 1024 * 1024;
+/// Every row is checked below this B*H*Nq*Nk*d (half of it for the backward).
 constexpr double kAllRowsWork = 64.0 * 1024 * 1024;
 
 double work_of(const ProblemShape& s) {
   return static_cast<double>(s.batch) * s.heads * s.seqlen_q * s.seqlen_k * s.head_dim;
+}
+double group_work_of(const ProblemShape& s) {
+  return static_cast<double>(s.heads / s.heads_kv) * s.seqlen_q * s.seqlen_k * s.head_dim;
 }
 double elements_of(const ProblemShape& s) {
   return static_cast<double>(s.batch) * std::max(s.seqlen_q, s.seqlen_k) * s.heads * s.head_dim;
@@ -180,8 +185,10 @@ RandomProblem draw_problem(uint64_t seed, const std::string& step, bool backward
   s.seqlen_k = draw_seqlen(rng, cap);
   s.seqlen_q = rng.chance(0.33) ? s.seqlen_k : draw_seqlen(rng, cap);
 
-  const double max_work = backward ? kMaxWorkBackward : kMaxWorkForward;
-  auto too_big = [&] { return work_of(s) > max_work || elements_of(s) > kMaxElements; };
+  auto too_big = [&] {
+    return work_of(s) > kMaxWork || elements_of(s) > kMaxElements ||
+           (backward && group_work_of(s) > kMaxGroupWorkBackward);
+  };
   // Too big: fewer batches, then fewer heads, then other lengths, and at last shorter ones.
   for (int attempt = 0; too_big() && attempt < 40; ++attempt) {
     if (s.batch > 1) {
@@ -209,6 +216,25 @@ RandomProblem draw_problem(uint64_t seed, const std::string& step, bool backward
   p.deterministic = rng.chance(0.5);
   p.all_rows = work_of(s) <= (backward ? kAllRowsWork / 2 : kAllRowsWork);
   return p;
+}
+
+/// Backward rows of a large problem: kSampledRows query rows and key rows of one key/value
+/// head group of one batch (chosen by `seed`). The oracle computes L and D on every query row
+/// of each head a requested row touches, so one group keeps its cost to one group's.
+void sample_group_rows(const ProblemShape& s, uint64_t seed, std::vector<RowId>* q_rows,
+                       std::vector<RowId>* kv_rows) {
+  Rng rng{seed ^ 0x6a09e667f3bcc909ull};
+  const int group = s.heads / s.heads_kv;
+  const int b0 = rng.below(s.batch);
+  const int kv0 = rng.below(s.heads_kv);
+  ProblemShape one = s;  // that group alone
+  one.batch = 1;
+  one.heads = group;
+  one.heads_kv = 1;
+  *q_rows = sample_q_rows(one, kSampledRows, seed);
+  *kv_rows = sample_kv_rows(one, kSampledRows, seed);
+  for (RowId& r : *q_rows) r = {b0, kv0 * group + r.h, r.s};
+  for (RowId& r : *kv_rows) r = {b0, kv0, r.s};
 }
 
 /// What the summary line says about the problems that ran.
@@ -296,15 +322,19 @@ TEST_P(RandomConformance, Problems) {
     try {
       const HostProblem p = make_problem(rp.shape, rp.spec);
       DeviceProblem dp(p, rp.layout, c.backward);
-      const std::vector<RowId> q_rows = rp.all_rows
-                                            ? all_q_rows(rp.shape)
-                                            : sample_q_rows(rp.shape, kSampledRows, rp.seed);
       if (c.backward) {
-        const std::vector<RowId> kv_rows =
-            rp.all_rows ? all_kv_rows(rp.shape) : sample_kv_rows(rp.shape, kSampledRows, rp.seed);
+        std::vector<RowId> q_rows, kv_rows;
+        if (rp.all_rows) {
+          q_rows = all_q_rows(rp.shape);
+          kv_rows = all_kv_rows(rp.shape);
+        } else {
+          sample_group_rows(rp.shape, rp.seed, &q_rows, &kv_rows);
+        }
         r = check_backward(c.step, dp, p, q_rows, kv_rows, rp.deterministic);
       } else {
-        r = check_forward(c.step, dp, p, q_rows);
+        r = check_forward(c.step, dp, p,
+                          rp.all_rows ? all_q_rows(rp.shape)
+                                      : sample_q_rows(rp.shape, kSampledRows, rp.seed));
       }
     } catch (const std::exception& e) {
       thrown = e.what();
@@ -363,7 +393,8 @@ TEST(RandomGenerator, SameSeedSameProblemAndCapsHold) {
       ASSERT_EQ(s.heads % s.heads_kv, 0);
       ASSERT_EQ(fa_step_supports_head_dim(step.c_str(), s.head_dim), 1) << s.head_dim;
       ASSERT_LE(elements_of(s), kMaxElements) << a.describe();
-      ASSERT_LE(work_of(s), backward ? kMaxWorkBackward : kMaxWorkForward) << a.describe();
+      ASSERT_LE(work_of(s), kMaxWork) << a.describe();
+      if (backward) ASSERT_LE(group_work_of(s), kMaxGroupWorkBackward) << a.describe();
       lengths.insert(s.seqlen_q);
       lengths.insert(s.seqlen_k);
       causal += s.causal;

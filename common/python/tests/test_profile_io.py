@@ -1,0 +1,123 @@
+"""Host tests of profile_io.py: the ncu CSV parser and the CPU models' closed forms."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import profile_io as pio  # noqa: E402
+
+HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+          '"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
+          '"Metric Value"')
+
+
+def line(kid, kernel, metric, unit, value):
+    return ('"%d","42","05_split_q","127.0.0.1","%s","1","7","(128, 1, 1)","(32, 16, 1)","0",'
+            '"9.0","Command line profiler metrics","%s","%s","%s"' % (kid, kernel, metric, unit,
+                                                                      value))
+
+
+def test_parse_ncu_csv_sums_every_kernel():
+    text = "\n".join([
+        "==PROF== Connected to process 42",
+        "05_split_q: B=1 H=16 ...",
+        HEADER,
+        line(0, "softmax_kernel", "dram__bytes_read.sum", "byte", "1,000,000"),
+        line(0, "softmax_kernel", "dram__bytes_write.sum", "byte", "500"),
+        line(1, "gemm", "dram__bytes_read.sum", "Mbyte", "2.5"),
+        line(1, "gemm", "dram__bytes_write.sum", "Kbyte", "3"),
+        line(1, "gemm", "sm__cycles_elapsed.avg", "cycle", "99"),
+        "==PROF== Disconnected from process 42",
+    ])
+    r = pio.parse_ncu_csv(text)
+    assert r["kernels"] == 2
+    assert r["read"] == 1_000_000 + 2_500_000
+    assert r["write"] == 500 + 3000
+    assert [k["kernel"] for k in r["per_kernel"]] == ["softmax_kernel", "gemm"]
+
+
+def test_parse_ncu_csv_errors():
+    with pytest.raises(ValueError, match="no ncu CSV header"):
+        pio.parse_ncu_csv("==PROF== ERR_NVGPUCTRPERM - no permission")
+    with pytest.raises(ValueError, match="unknown unit"):
+        pio.parse_ncu_csv(HEADER + "\n" + line(0, "k", "dram__bytes_read.sum", "furlong", "1"))
+    assert pio.parse_ncu_csv(HEADER)["kernels"] == 0
+
+
+@pytest.fixture
+def elements(monkeypatch):
+    """Every element one byte: the closed forms then count elements, as cpu_models.h."""
+    monkeypatch.setattr(pio, "HALF", 1)
+    monkeypatch.setattr(pio, "FLOAT", 1)
+
+
+def test_standard_and_fa1_closed_forms(elements):
+    B, H, Hkv, N, d = 2, 4, 2, 100, 16
+    r, w = pio.standard_forward_bytes(B, H, Hkv, N, N, d, False)
+    assert (r, w) == (B * H * (N * d + 2 * N * d + 2 * N * N), B * H * (2 * N * N + N * d + N))
+    tc = -(-N // 32)
+    r, w = pio.fa1_forward_bytes(B, H, Hkv, N, N, d, True, 64, 32)
+    assert r == 2 * B * Hkv * N * d + tc * B * H * N * (2 * d + 2)
+    assert w == (tc + 1) * B * H * N * (d + 2)
+
+
+def test_fa2_forward_hand_count(elements):
+    # cpu_models test HandCountedFa2Forward: B=H=1, N=8, d=2, blocks 4x4, no mask.
+    assert pio.fa2_forward_bytes(1, 1, 1, 8, 8, 2, False, 4, 4, True) == (8 * 2 + 2 * 2 * 8 * 2,
+                                                                          8 * 2 + 8)
+
+
+def test_fa2_causal_skip(elements):
+    dense = pio.fa2_forward_bytes(1, 1, 1, 64, 64, 8, False, 16, 16, True)
+    causal = pio.fa2_forward_bytes(1, 1, 1, 64, 64, 8, True, 16, 16, True)
+    masked_only = pio.fa2_forward_bytes(1, 1, 1, 64, 64, 8, True, 16, 16, False)
+    assert causal[0] < dense[0] and masked_only == dense
+    # Q blocks 0..3 see 16, 32, 48, 64 keys: K and V reads 2 * 8 * (16+32+48+64).
+    assert causal[0] == 64 * 8 + 2 * 8 * (16 + 32 + 48 + 64)
+    # Nq > Nk: the first rows see nothing.
+    assert pio.kv_rows_seen(0, 64, 16, 16, 16, True) == 0
+
+
+def test_fa2_backward_closed_form(elements):
+    B, H, Hkv, Nq, Nk, d, br, bc = 1, 2, 1, 40, 56, 8, 16, 16
+    r, w = pio.fa2_backward_bytes(B, H, Hkv, Nq, Nk, d, False, br, bc)
+    tc = -(-Nk // bc)
+    assert r == 2 * B * H * Nq * d + 2 * B * Hkv * Nk * d + tc * B * H * Nq * (4 * d + 2)
+    assert w == B * H * Nq * (d + 1) + tc * B * H * Nq * d + 2 * B * Hkv * Nk * d
+    rc, wc = pio.fa2_backward_bytes(B, H, Hkv, Nq, Nk, d, True, br, bc)
+    assert rc < r and wc < w
+
+
+def test_bytes_use_the_kernels_element_sizes():
+    r, w = pio.fa2_forward_bytes(1, 1, 1, 128, 128, 64, False, 128, 64, False)
+    assert r == (128 * 64 + 2 * 128 * 64) * 2        # fp16 Q once, K and V once
+    assert w == 128 * 64 * 2 + 128 * 4                # fp16 O, fp32 L
+
+
+def test_blocks_from_kernel_source(tmp_path, monkeypatch):
+    (tmp_path / "05_x").mkdir()
+    (tmp_path / "05_x" / "kernel.cu").write_text(
+        "#define FA_FWD_BLOCK_N_D128 32\n"
+        "template <> struct TileShape<64> {\n"
+        "  static constexpr int kBlockM = 128, kBlockN = 64, kNumWarps = 4;\n};\n"
+        "template <> struct TileShape<128> {\n"
+        "  static constexpr int kBlockM = 128, kBlockN = FA_FWD_BLOCK_N_D128, kNumWarps = 4;\n"
+        "};\ntemplate <> struct BwdTileShape<128> {\n"
+        "  static constexpr int kBlockM = 64, kBlockN = 128, kWarpsN = 8;\n};\n")
+    monkeypatch.setattr(pio, "REPO", str(tmp_path))
+    assert pio.parse_blocks("05_x", 128) == (128, 32, "05_x/kernel.cu")
+    assert pio.parse_blocks("05_x", 64) == (128, 64, "05_x/kernel.cu")
+    assert pio.parse_blocks("05_x", 128, backward=True) == (64, 128, "05_x/kernel.cu")
+    assert pio.parse_blocks("99_missing", 128) == (128, 64, "assumed")
+
+
+def test_model_only_runs_without_a_gpu(tmp_path, capsys):
+    out = tmp_path / "io.json"
+    assert pio.main(["--model-only", "--steps", "01_naive,06_causal_skip", "--out",
+                     str(out), "--causal", "--log-dir", str(tmp_path / "log")]) == 0
+    text = capsys.readouterr().out
+    assert "| 01_naive | fwd |" in text and "standard" in text
+    assert out.exists() and (tmp_path / "io.md").exists()

@@ -20,12 +20,21 @@ struct ErrorStats {
   size_t count = 0;       ///< elements compared
 };
 
-/// Compares `n` outputs with their fp64 reference. Pairs where both are the same infinity
-/// (the +inf logsumexp of a row that sees no key) count as exact. Any other pair with a NaN or
-/// an infinity (a poisoned, unwritten output, an overflow, or a finite output where the
-/// reference is infinite) counts in `non_finite` and makes `max_abs` and `rel_l2` infinite;
-/// `worst` is then the first such element.
-ErrorStats compare(const float* out, const double* ref, size_t n);
+/// A gradient that is a cancellation of terms this many times larger than itself is measured
+/// against 1/kCancellationFloor of the terms' magnitude instead of its own (see compare()).
+constexpr double kCancellationFloor = 16.0;
+
+/// Compares `n` outputs with their fp64 reference.
+/// With `mag` (the magnitude of the terms each reference value is summed from, see
+/// BackwardRef::dq_mag), the relative error's denominator is
+/// \f$\max(\|ref\|_2, \|mag\|_2 / 16)\f$: unchanged unless the reference is a cancellation
+/// of much larger terms (a one-hot softmax makes \f$dP - D\f$ vanish, a single key makes dQ and
+/// dK exactly 0), where rounding of those terms, which no kernel can avoid, sets the error. Pairs
+/// where both are the same infinity (the +inf logsumexp of a row that sees no key) count as exact.
+/// Any other pair with a NaN or an infinity (a poisoned, unwritten output, an overflow, or a finite
+/// output where the reference is infinite) counts in `non_finite` and makes `max_abs` and `rel_l2`
+/// infinite; `worst` is then the first such element.
+ErrorStats compare(const float* out, const double* ref, size_t n, const double* mag = nullptr);
 
 /// What is being checked; the backward's gradients get looser bounds than the forward.
 enum class Quantity {

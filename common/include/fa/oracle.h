@@ -50,6 +50,15 @@ struct BackwardRef {
   std::vector<double> dq;      ///< q_rows.size() x d
   std::vector<double> dk;      ///< kv_rows.size() x d
   std::vector<double> dv;      ///< kv_rows.size() x d
+  /// The magnitude of the terms each gradient is summed from, elementwise (same shapes):
+  /// \f$ s \sum_j P_{ij}(|dP_{ij}| + |D_i|)\,|K_j| \f$ for dQ,
+  /// \f$ s \sum_i P_{ij}(|dP_{ij}| + |D_i|)\,|Q_i| \f$ for dK,
+  /// \f$ \sum_i P_{ij} |dO_i| \f$ for dV. Where \f$dP - D\f$ cancels (a one-hot softmax, a
+  /// single key) the gradient is far smaller than these terms, and their rounding sets the
+  /// error (see compare()).
+  std::vector<double> dq_mag;
+  std::vector<double> dk_mag;  ///< see dq_mag
+  std::vector<double> dv_mag;  ///< see dq_mag
 };
 /// Backward reference in fp64: dQ on `q_rows`, dK and dV on `kv_rows` (summed over the query
 /// heads that share each key/value head), with \f$s\f$ the softmax scale:

@@ -128,8 +128,8 @@ bool finished(fa_status st, CheckResult* result) {
 /// lse), records its stats and where its largest error is, and fails the result if out of bounds.
 void add_stats(CheckResult* result, const std::string& name, const std::vector<float>& out,
                const std::vector<double>& ref, const Tolerance& tol, const std::vector<RowId>& rows,
-               int width) {
-  ErrorStats e = compare(out.data(), ref.data(), out.size());
+               int width, const std::vector<double>* mag = nullptr) {
+  ErrorStats e = compare(out.data(), ref.data(), out.size(), mag ? mag->data() : nullptr);
   result->stats.emplace_back(name, e);
   ErrorLocation where;
   where.quantity = name;
@@ -376,11 +376,11 @@ CheckResult check_backward(const std::string& step, DeviceProblem& dp, const Hos
   const ProblemShape& s = p.shape;
   const Tolerance tol = tolerance(s.dtype, Quantity::kGradient);
   add_stats(&result, "dQ", gather_rows(dq, q_rows, s.seqlen_q, s.heads, s.head_dim), ref.dq, tol,
-            q_rows, s.head_dim);
+            q_rows, s.head_dim, &ref.dq_mag);
   add_stats(&result, "dK", gather_rows(dk, kv_rows, s.seqlen_k, s.heads_kv, s.head_dim), ref.dk,
-            tol, kv_rows, s.head_dim);
+            tol, kv_rows, s.head_dim, &ref.dk_mag);
   add_stats(&result, "dV", gather_rows(dv, kv_rows, s.seqlen_k, s.heads_kv, s.head_dim), ref.dv,
-            tol, kv_rows, s.head_dim);
+            tol, kv_rows, s.head_dim, &ref.dv_mag);
   return result;
 }
 

@@ -9,11 +9,11 @@
 
 namespace fa {
 
-ErrorStats compare(const float* out, const double* ref, size_t n) {
+ErrorStats compare(const float* out, const double* ref, size_t n, const double* mag) {
   constexpr double kInf = std::numeric_limits<double>::infinity();
   ErrorStats e;
   e.count = n;
-  double err_sq = 0, ref_sq = 0, worst_err = -1;
+  double err_sq = 0, ref_sq = 0, mag_sq = 0, worst_err = -1;
   for (size_t i = 0; i < n; ++i) {
     const double o = out[i];
     const double r = ref[i];
@@ -28,6 +28,7 @@ ErrorStats compare(const float* out, const double* ref, size_t n) {
     const double err = std::abs(o - r);
     err_sq += err * err;
     ref_sq += r * r;
+    if (mag != nullptr) mag_sq += mag[i] * mag[i];
     e.ref_max = std::max(e.ref_max, std::abs(r));
     if (e.non_finite == 0 && err > worst_err) {
       worst_err = err;
@@ -40,8 +41,9 @@ ErrorStats compare(const float* out, const double* ref, size_t n) {
     return e;
   }
   e.max_abs = std::max(worst_err, 0.0);
-  if (ref_sq > 0) {
-    e.rel_l2 = std::sqrt(err_sq / ref_sq);
+  const double denominator = std::max(std::sqrt(ref_sq), std::sqrt(mag_sq) / kCancellationFloor);
+  if (denominator > 0) {
+    e.rel_l2 = std::sqrt(err_sq) / denominator;
   } else {
     e.rel_l2 = err_sq > 0 ? kInf : 0.0;  // a zero reference must be matched exactly
   }

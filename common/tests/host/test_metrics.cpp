@@ -120,3 +120,29 @@ TEST(Describe, MentionsValuesAndBounds) {
 
 }  // namespace
 }  // namespace fa
+
+namespace fa {
+namespace {
+
+TEST(CancellationFloor, ZeroReferenceIsMeasuredAgainstTheTermsMagnitude) {
+  const std::vector<double> ref(64, 0.0), mag(64, 1.0);
+  std::vector<float> out(64, 1e-6f);  // rounding noise around an exact cancellation
+  EXPECT_TRUE(std::isinf(compare(out.data(), ref.data(), out.size()).rel_l2));
+  const ErrorStats e = compare(out.data(), ref.data(), out.size(), mag.data());
+  EXPECT_NEAR(e.rel_l2, 1e-6 * kCancellationFloor, 1e-9);
+  EXPECT_TRUE(within(e, tolerance(FA_FP16, Quantity::kGradient)));
+  // A wrong kernel still fails: an error as large as the terms themselves.
+  std::fill(out.begin(), out.end(), 0.5f);
+  EXPECT_FALSE(within(compare(out.data(), ref.data(), out.size(), mag.data()),
+                      tolerance(FA_BF16, Quantity::kGradient)));
+}
+
+TEST(CancellationFloor, NoEffectWithoutCancellation) {
+  const std::vector<double> ref = {1.0, -2.0, 3.0}, mag = {1.0, 2.0, 3.0};
+  const std::vector<float> out = {1.01f, -2.0f, 3.0f};
+  EXPECT_DOUBLE_EQ(compare(out.data(), ref.data(), 3, mag.data()).rel_l2,
+                   compare(out.data(), ref.data(), 3).rel_l2);
+}
+
+}  // namespace
+}  // namespace fa

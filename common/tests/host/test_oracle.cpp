@@ -323,3 +323,28 @@ TEST(SampleRows, AllRowsWhenCountIsLarge) {
 
 }  // namespace
 }  // namespace fa
+
+namespace fa {
+namespace {
+
+TEST(OracleMagnitudes, BoundEveryGradientFromAbove) {
+  ProblemShape s;
+  s.batch = 1;
+  s.heads = 4;
+  s.heads_kv = 2;
+  s.seqlen_q = 9;
+  s.seqlen_k = 13;
+  s.head_dim = 8;
+  s.causal = true;
+  const HostProblem p = make_problem(s, InputSpec{5});
+  const BackwardRef ref = reference_backward(p, all_q_rows(s), all_kv_rows(s));
+  ASSERT_EQ(ref.dq_mag.size(), ref.dq.size());
+  ASSERT_EQ(ref.dk_mag.size(), ref.dk.size());
+  ASSERT_EQ(ref.dv_mag.size(), ref.dv.size());
+  for (size_t i = 0; i < ref.dq.size(); ++i) EXPECT_GE(ref.dq_mag[i], std::abs(ref.dq[i]) - 1e-12);
+  for (size_t i = 0; i < ref.dk.size(); ++i) EXPECT_GE(ref.dk_mag[i], std::abs(ref.dk[i]) - 1e-12);
+  for (size_t i = 0; i < ref.dv.size(); ++i) EXPECT_GE(ref.dv_mag[i], std::abs(ref.dv[i]) - 1e-12);
+}
+
+}  // namespace
+}  // namespace fa

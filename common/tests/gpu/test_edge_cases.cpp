@@ -1,0 +1,252 @@
+/// \file test_edge_cases.cpp
+/// \brief Edge cases beyond the named ones in test_conformance.cpp, for every registered step:
+/// exact values for rows that see no key, both lengths 1, the largest grids the API accepts,
+/// long sequences, writes that stay inside the outputs' rows (inputs untouched, gaps of padded
+/// layouts untouched) and a bitwise repeatable deterministic backward.
+///
+/// Named `Steps/SafetyEdgeCases.<case>/<step>`, so `gpu.conformance.<step>` runs them.
+/// docs/conformance.md says what each property means.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "fa/harness.h"
+#include "gpu_test_util.h"
+
+namespace fa {
+namespace {
+
+constexpr uint16_t kPoisonBits = 0xffff;  // what DeviceProblem::poison_outputs() writes
+constexpr uint16_t kGapBits = 0x7fff;     // what the gaps of an input tensor hold
+
+/// The whole allocation behind a tensor of the DeviceProblem, raw 16-bit values.
+std::vector<uint16_t> download_raw(const fa_tensor& t, int batch) {
+  std::vector<uint16_t> raw(static_cast<size_t>(t.batch_stride) * batch);
+  cuda_check(cudaMemcpy(raw.data(), t.ptr, raw.size() * 2, cudaMemcpyDeviceToHost),
+             "cudaMemcpy (raw)");
+  return raw;
+}
+
+/// For each element of the allocation, whether it belongs to a (b, s, h, c) of the tensor.
+std::vector<char> logical_mask(const fa_tensor& t, int batch, int seqlen, int heads, int d) {
+  std::vector<char> mask(static_cast<size_t>(t.batch_stride) * batch, 0);
+  for (int b = 0; b < batch; ++b)
+    for (int s = 0; s < seqlen; ++s)
+      for (int h = 0; h < heads; ++h) {
+        const size_t base = b * t.batch_stride + s * t.row_stride + h * t.head_stride;
+        for (int c = 0; c < d; ++c) mask[base + c] = 1;
+      }
+  return mask;
+}
+
+/// Counts elements of an output's allocation outside its rows that are no longer poisoned.
+size_t touched_gaps(const fa_tensor& t, int batch, int seqlen, int heads, int d) {
+  const std::vector<uint16_t> raw = download_raw(t, batch);
+  const std::vector<char> mask = logical_mask(t, batch, seqlen, heads, d);
+  size_t touched = 0;
+  for (size_t i = 0; i < raw.size(); ++i) touched += !mask[i] && raw[i] != kPoisonBits;
+  return touched;
+}
+
+/// Counts elements of an input's allocation that differ from what was uploaded.
+size_t changed_inputs(const fa_tensor& t, const std::vector<float>& host, fa_dtype dtype,
+                      int batch, int seqlen, int heads, int d) {
+  const std::vector<uint16_t> raw = download_raw(t, batch);
+  std::vector<uint16_t> expected(raw.size(), kGapBits);
+  size_t i = 0;
+  for (int b = 0; b < batch; ++b)
+    for (int s = 0; s < seqlen; ++s)
+      for (int h = 0; h < heads; ++h) {
+        const size_t base = b * t.batch_stride + s * t.row_stride + h * t.head_stride;
+        for (int c = 0; c < d; ++c) expected[base + c] = to_bits(dtype, host[i++]);
+      }
+  size_t changed = 0;
+  for (size_t k = 0; k < raw.size(); ++k) changed += raw[k] != expected[k];
+  return changed;
+}
+
+class SafetyEdgeCases : public testing::TestWithParam<std::string> {
+ protected:
+  const std::string& step() const { return GetParam(); }
+  bool has_backward() const { return fa_step_has_backward(step().c_str()) == 1; }
+  uint64_t seed() const {
+    return test_seed(step() + "/" + testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+  static ProblemShape shape(int batch, int heads, int heads_kv, int nq, int nk, int d,
+                            bool causal) {
+    ProblemShape s;
+    s.batch = batch;
+    s.heads = heads;
+    s.heads_kv = heads_kv;
+    s.seqlen_q = nq;
+    s.seqlen_k = nk;
+    s.head_dim = d;
+    s.causal = causal;
+    return s;
+  }
+  /// Forward (and backward, where the step has one) against the oracle on `q_rows`/`kv_rows`
+  /// (all rows when empty).
+  void expect_matches(const ProblemShape& s, Layout layout = Layout::kContiguous,
+                      std::vector<RowId> q_rows = {}, std::vector<RowId> kv_rows = {}) {
+    const uint64_t sd = seed();
+    const HostProblem p = make_problem(s, InputSpec{sd});
+    if (q_rows.empty()) q_rows = all_q_rows(s);
+    if (kv_rows.empty()) kv_rows = all_kv_rows(s);
+    DeviceProblem dp(p, layout, has_backward());
+    const CheckResult f = check_forward(step(), dp, p, q_rows);
+    EXPECT_TRUE(f.ok) << "forward " << s.describe() << " seed " << sd << ": " << f.summary();
+    if (has_backward()) {
+      const CheckResult b = check_backward(step(), dp, p, q_rows, kv_rows, false);
+      EXPECT_TRUE(b.ok) << "backward " << s.describe() << " seed " << sd << ": " << b.summary();
+    }
+  }
+};
+
+TEST_P(SafetyEdgeCases, BothLengthsOne) {
+  FA_REQUIRE_GPU();
+  expect_matches(shape(2, 4, 2, 1, 1, 64, false));
+  expect_matches(shape(2, 4, 2, 1, 1, 128, true));  // the one row sees the one key
+}
+
+// Rows that see no key: O is exactly 0, L exactly +inf, and (backward) dQ exactly 0. Whole
+// blocks of such rows (Nq - Nk = 297 and 512) test the early exits of the tiled kernels.
+TEST_P(SafetyEdgeCases, RowsWithoutKeysAreExactlyZeroWithInfiniteLse) {
+  FA_REQUIRE_GPU();
+  for (const ProblemShape& s : {shape(1, 2, 1, 300, 3, 64, true), shape(2, 2, 2, 513, 1, 128, true)}) {
+    const uint64_t sd = seed();
+    const HostProblem p = make_problem(s, InputSpec{sd});
+    DeviceProblem dp(p, Layout::kContiguous, has_backward());
+    const CheckResult f = check_forward(step(), dp, p, all_q_rows(s));
+    EXPECT_TRUE(f.ok) << s.describe() << " seed " << sd << ": " << f.summary();
+    std::vector<float> o, lse;
+    dp.download_forward(&o, &lse);
+    const int no_key_rows = s.seqlen_q - s.seqlen_k;
+    size_t nonzero = 0, finite_lse = 0;
+    for (int b = 0; b < s.batch; ++b)
+      for (int h = 0; h < s.heads; ++h)
+        for (int i = 0; i < no_key_rows; ++i) {
+          for (int c = 0; c < s.head_dim; ++c) nonzero += o[p.q_index(b, i, h, c)] != 0.f;
+          const float l = lse[p.lse_index(b, h, i)];
+          finite_lse += !(std::isinf(l) && l > 0);
+        }
+    EXPECT_EQ(nonzero, 0u) << s.describe() << ": O of rows that see no key must be exactly 0";
+    EXPECT_EQ(finite_lse, 0u) << s.describe() << ": L of rows that see no key must be +inf";
+    if (!has_backward()) continue;
+    const CheckResult b = check_backward(step(), dp, p, all_q_rows(s), all_kv_rows(s), false);
+    EXPECT_TRUE(b.ok) << "backward " << s.describe() << " seed " << sd << ": " << b.summary();
+    std::vector<float> dq, dk, dv;
+    dp.download_backward(&dq, &dk, &dv);
+    nonzero = 0;
+    for (int bb = 0; bb < s.batch; ++bb)
+      for (int h = 0; h < s.heads; ++h)
+        for (int i = 0; i < no_key_rows; ++i)
+          for (int c = 0; c < s.head_dim; ++c) nonzero += dq[p.q_index(bb, i, h, c)] != 0.f;
+    EXPECT_EQ(nonzero, 0u) << s.describe() << ": dQ of rows that see no key must be exactly 0";
+  }
+}
+
+// The API accepts batch and heads up to 65535 (grid dimensions y and z).
+TEST_P(SafetyEdgeCases, LargestGrid) {
+  FA_REQUIRE_GPU();
+  expect_matches(shape(65535, 1, 1, 2, 3, 64, false));
+  expect_matches(shape(1, 65535, 5, 3, 2, 64, true));  // 13107 query heads per kv head
+}
+
+// Long sequences, checked on sampled rows (the oracle's cost grows with N^2).
+TEST_P(SafetyEdgeCases, LongSequences) {
+  FA_REQUIRE_GPU();
+  const uint64_t sd = seed();
+  for (bool causal : {false, true}) {
+    const ProblemShape s = shape(1, 2, 1, 16411, 16411, 128, causal);  // 16411 is prime
+    const HostProblem p = make_problem(s, InputSpec{sd});
+    DeviceProblem dp(p, Layout::kContiguous, false);
+    const CheckResult f = check_forward(step(), dp, p, sample_q_rows(s, 64, sd));
+    EXPECT_TRUE(f.ok) << s.describe() << " seed " << sd << ": " << f.summary();
+  }
+  if (!has_backward()) return;
+  const ProblemShape s = shape(1, 2, 1, 8209, 2053, 64, true);  // both prime
+  const HostProblem p = make_problem(s, InputSpec{sd});
+  DeviceProblem dp(p, Layout::kContiguous, true);
+  for (bool det : {false, true}) {
+    const CheckResult b = check_backward(step(), dp, p, sample_q_rows(s, 64, sd),
+                                         sample_kv_rows(s, 64, sd), det);
+    EXPECT_TRUE(b.ok) << "backward " << (det ? "deterministic " : "") << s.describe()
+                      << " seed " << sd << ": " << b.summary();
+  }
+}
+
+// A step writes only the rows of its outputs: the gaps of a padded layout keep the poison,
+// and Q, K, V (and dO) are bit for bit what was uploaded, gaps included.
+TEST_P(SafetyEdgeCases, WritesStayInsideTheOutputs) {
+  FA_REQUIRE_GPU();
+  for (bool causal : {false, true}) {
+    const ProblemShape s = shape(2, 4, 2, 77, 140, 64, causal);
+    const uint64_t sd = seed();
+    const HostProblem p = make_problem(s, InputSpec{sd});
+    DeviceProblem dp(p, Layout::kPadded, has_backward());
+    const CheckResult f = check_forward(step(), dp, p, all_q_rows(s));
+    EXPECT_TRUE(f.ok) << s.describe() << ": " << f.summary();
+    const fa_fwd_args a = dp.forward_args();
+    EXPECT_EQ(touched_gaps(a.o, s.batch, s.seqlen_q, s.heads, s.head_dim), 0u)
+        << s.describe() << ": forward wrote outside O's rows";
+    if (has_backward()) {
+      const CheckResult b = check_backward(step(), dp, p, all_q_rows(s), all_kv_rows(s), false);
+      EXPECT_TRUE(b.ok) << s.describe() << ": " << b.summary();
+      const fa_bwd_args g = dp.backward_args(false);
+      EXPECT_EQ(touched_gaps(g.fwd.o, s.batch, s.seqlen_q, s.heads, s.head_dim), 0u)
+          << s.describe() << ": wrote outside O's rows";
+      EXPECT_EQ(touched_gaps(g.dq, s.batch, s.seqlen_q, s.heads, s.head_dim), 0u)
+          << s.describe() << ": backward wrote outside dQ's rows";
+      EXPECT_EQ(touched_gaps(g.dk, s.batch, s.seqlen_k, s.heads_kv, s.head_dim), 0u)
+          << s.describe() << ": backward wrote outside dK's rows";
+      EXPECT_EQ(touched_gaps(g.dv, s.batch, s.seqlen_k, s.heads_kv, s.head_dim), 0u)
+          << s.describe() << ": backward wrote outside dV's rows";
+      EXPECT_EQ(changed_inputs(g.d_o, p.d_o, s.dtype, s.batch, s.seqlen_q, s.heads, s.head_dim),
+                0u)
+          << s.describe() << ": dO was modified";
+    }
+    EXPECT_EQ(changed_inputs(a.q, p.q, s.dtype, s.batch, s.seqlen_q, s.heads, s.head_dim), 0u)
+        << s.describe() << ": Q was modified";
+    EXPECT_EQ(changed_inputs(a.k, p.k, s.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim), 0u)
+        << s.describe() << ": K was modified";
+    EXPECT_EQ(changed_inputs(a.v, p.v, s.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim), 0u)
+        << s.describe() << ": V was modified";
+  }
+}
+
+// deterministic = 1 promises results independent of thread block order: two runs agree bit
+// for bit (GQA, so that dK and dV sum over several query heads).
+TEST_P(SafetyEdgeCases, DeterministicBackwardIsBitwiseRepeatable) {
+  FA_REQUIRE_GPU();
+  if (!has_backward()) GTEST_SKIP() << step() << " has no backward pass";
+  const ProblemShape s = shape(2, 8, 2, 333, 517, 128, true);
+  const uint64_t sd = seed();
+  const HostProblem p = make_problem(s, InputSpec{sd});
+  DeviceProblem dp(p, Layout::kContiguous, true);
+  std::vector<float> runs[2][3];
+  for (int run = 0; run < 2; ++run) {
+    const CheckResult b = check_backward(step(), dp, p, sample_q_rows(s, 64, sd),
+                                         sample_kv_rows(s, 64, sd), true);
+    ASSERT_TRUE(b.ok) << s.describe() << ": " << b.summary();
+    dp.download_backward(&runs[run][0], &runs[run][1], &runs[run][2]);
+  }
+  const char* names[3] = {"dQ", "dK", "dV"};
+  for (int q = 0; q < 3; ++q) {
+    ASSERT_EQ(runs[0][q].size(), runs[1][q].size());
+    size_t differ = 0;
+    for (size_t i = 0; i < runs[0][q].size(); ++i)
+      differ += std::memcmp(&runs[0][q][i], &runs[1][q][i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << names[q] << " differs between two deterministic runs";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, SafetyEdgeCases, testing::ValuesIn(registered_steps()),
+                         [](const testing::TestParamInfo<std::string>& i) { return i.param; });
+
+}  // namespace
+}  // namespace fa

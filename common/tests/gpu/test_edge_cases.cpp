@@ -54,8 +54,8 @@ size_t touched_gaps(const fa_tensor& t, int batch, int seqlen, int heads, int d)
 }
 
 /// Counts elements of an input's allocation that differ from what was uploaded.
-size_t changed_inputs(const fa_tensor& t, const std::vector<float>& host, fa_dtype dtype,
-                      int batch, int seqlen, int heads, int d) {
+size_t changed_inputs(const fa_tensor& t, const std::vector<float>& host, fa_dtype dtype, int batch,
+                      int seqlen, int heads, int d) {
   const std::vector<uint16_t> raw = download_raw(t, batch);
   std::vector<uint16_t> expected(raw.size(), kGapBits);
   size_t i = 0;
@@ -117,7 +117,8 @@ TEST_P(SafetyEdgeCases, BothLengthsOne) {
 // blocks of such rows (Nq - Nk = 297 and 512) test the early exits of the tiled kernels.
 TEST_P(SafetyEdgeCases, RowsWithoutKeysAreExactlyZeroWithInfiniteLse) {
   FA_REQUIRE_GPU();
-  for (const ProblemShape& s : {shape(1, 2, 1, 300, 3, 64, true), shape(2, 2, 2, 513, 1, 128, true)}) {
+  for (const ProblemShape& s :
+       {shape(1, 2, 1, 300, 3, 64, true), shape(2, 2, 2, 513, 1, 128, true)}) {
     const uint64_t sd = seed();
     const HostProblem p = make_problem(s, InputSpec{sd});
     DeviceProblem dp(p, Layout::kContiguous, has_backward());
@@ -173,10 +174,10 @@ TEST_P(SafetyEdgeCases, LongSequences) {
   const HostProblem p = make_problem(s, InputSpec{sd});
   DeviceProblem dp(p, Layout::kContiguous, true);
   for (bool det : {false, true}) {
-    const CheckResult b = check_backward(step(), dp, p, sample_q_rows(s, 64, sd),
-                                         sample_kv_rows(s, 64, sd), det);
-    EXPECT_TRUE(b.ok) << "backward " << (det ? "deterministic " : "") << s.describe()
-                      << " seed " << sd << ": " << b.summary();
+    const CheckResult b =
+        check_backward(step(), dp, p, sample_q_rows(s, 64, sd), sample_kv_rows(s, 64, sd), det);
+    EXPECT_TRUE(b.ok) << "backward " << (det ? "deterministic " : "") << s.describe() << " seed "
+                      << sd << ": " << b.summary();
   }
 }
 
@@ -206,8 +207,7 @@ TEST_P(SafetyEdgeCases, WritesStayInsideTheOutputs) {
           << s.describe() << ": backward wrote outside dK's rows";
       EXPECT_EQ(touched_gaps(g.dv, s.batch, s.seqlen_k, s.heads_kv, s.head_dim), 0u)
           << s.describe() << ": backward wrote outside dV's rows";
-      EXPECT_EQ(changed_inputs(g.d_o, p.d_o, s.dtype, s.batch, s.seqlen_q, s.heads, s.head_dim),
-                0u)
+      EXPECT_EQ(changed_inputs(g.d_o, p.d_o, s.dtype, s.batch, s.seqlen_q, s.heads, s.head_dim), 0u)
           << s.describe() << ": dO was modified";
     }
     EXPECT_EQ(changed_inputs(a.q, p.q, s.dtype, s.batch, s.seqlen_q, s.heads, s.head_dim), 0u)
@@ -230,8 +230,8 @@ TEST_P(SafetyEdgeCases, DeterministicBackwardIsBitwiseRepeatable) {
   DeviceProblem dp(p, Layout::kContiguous, true);
   std::vector<float> runs[2][3];
   for (int run = 0; run < 2; ++run) {
-    const CheckResult b = check_backward(step(), dp, p, sample_q_rows(s, 64, sd),
-                                         sample_kv_rows(s, 64, sd), true);
+    const CheckResult b =
+        check_backward(step(), dp, p, sample_q_rows(s, 64, sd), sample_kv_rows(s, 64, sd), true);
     ASSERT_TRUE(b.ok) << s.describe() << ": " << b.summary();
     dp.download_backward(&runs[run][0], &runs[run][1], &runs[run][2]);
   }

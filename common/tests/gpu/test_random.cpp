@@ -94,9 +94,9 @@ struct Rng {
   }
 };
 
-const std::vector<int> kPrimes = {2,   3,   5,   7,   11,  13,   17,   31,   61,   67,   97,
-                                  127, 131, 193, 251, 257, 383,  509,  521,  769,  1021, 1031,
-                                  1543, 2039, 2053, 3067, 4093, 4099};
+const std::vector<int> kPrimes = {2,    3,    5,    7,    11,   13,   17,   31,  61,  67,
+                                  97,   127,  131,  193,  251,  257,  383,  509, 521, 769,
+                                  1021, 1031, 1543, 2039, 2053, 3067, 4093, 4099};
 
 /// A sequence length in [1, cap]: tiny, a block size +-1, a prime, or log-uniform.
 int draw_seqlen(Rng& rng, int cap) {
@@ -132,7 +132,8 @@ struct RandomProblem {
     out << shape.describe() << " scale=" << shape.effective_scale()
         << " magnitude=" << spec.magnitude << " layout="
         << (layout == Layout::kContiguous ? "contiguous"
-                                          : layout == Layout::kPadded ? "padded" : "head-major");
+            : layout == Layout::kPadded   ? "padded"
+                                          : "head-major");
     out << (all_rows ? " rows=all" : " rows=sampled");
     return out.str();
   }
@@ -174,7 +175,8 @@ RandomProblem draw_problem(uint64_t seed, const std::string& step, bool backward
     if (fa_step_supports_head_dim(step.c_str(), d) == 1) other_dims.push_back(d);
   if (main_dims.empty()) main_dims = other_dims;
   if (main_dims.empty()) main_dims = {64};  // the API will say why; the test reports it
-  s.head_dim = (other_dims.empty() || rng.chance(0.75)) ? rng.pick(main_dims) : rng.pick(other_dims);
+  s.head_dim =
+      (other_dims.empty() || rng.chance(0.75)) ? rng.pick(main_dims) : rng.pick(other_dims);
 
   s.dtype = rng.chance(0.5) ? FA_FP16 : FA_BF16;
   s.causal = rng.chance(0.5);
@@ -332,9 +334,9 @@ TEST_P(RandomConformance, Problems) {
         }
         r = check_backward(c.step, dp, p, q_rows, kv_rows, rp.deterministic);
       } else {
-        r = check_forward(c.step, dp, p,
-                          rp.all_rows ? all_q_rows(rp.shape)
-                                      : sample_q_rows(rp.shape, kSampledRows, rp.seed));
+        r = check_forward(
+            c.step, dp, p,
+            rp.all_rows ? all_q_rows(rp.shape) : sample_q_rows(rp.shape, kSampledRows, rp.seed));
       }
     } catch (const std::exception& e) {
       thrown = e.what();
@@ -347,11 +349,11 @@ TEST_P(RandomConformance, Problems) {
       cov.first_failure = "seed " + std::to_string(rp.seed) + ": " + rp.describe() + ": " + what;
     ADD_FAILURE() << c.step << (c.backward ? " backward" : " forward") << ", problem " << i + 1
                   << " of " << count << ", seed " << rp.seed << ":\n  " << rp.describe()
-                  << (c.backward ? (rp.deterministic ? " deterministic" : " atomic") : "")
-                  << "\n  " << what << (thrown.empty() ? "\n  all: " + r.summary() : "")
+                  << (c.backward ? (rp.deterministic ? " deterministic" : " atomic") : "") << "\n  "
+                  << what << (thrown.empty() ? "\n  all: " + r.summary() : "")
                   << "\n  reproduce: FA_RANDOM_SEED=" << rp.seed
-                  << " FA_RANDOM_PROBLEMS=1 ./build/bin/fa_gpu_tests --gtest_filter='"
-                  << full_name << "'";
+                  << " FA_RANDOM_PROBLEMS=1 ./build/bin/fa_gpu_tests --gtest_filter='" << full_name
+                  << "'";
     // A kernel fault leaves the CUDA context unusable: every later problem would fail too.
     const cudaError_t sticky = cudaDeviceSynchronize();
     if (sticky != cudaSuccess) {

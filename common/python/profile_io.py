@@ -39,7 +39,8 @@ often hit the L2 cache (50 MB on an H200), so measured DRAM bytes fall below the
 the FlashAttention steps, while step 01's N x N matrices do not fit and show up in full.
 
 Output: a table on stdout, and JSON + Markdown at --out (default
-docs/results/<gpu-slug>_io.json and .md), copied to --log-dir (default $OUT if set).
+docs/results/<gpu-slug>_io.json and .md, or _io_causal with --causal), copied to --log-dir
+(default $OUT if set) with the raw ncu logs.
 """
 
 import argparse
@@ -395,7 +396,8 @@ def main(argv=None):
                      "--model-only for the predictions alone")
     name, driver = gpu_name() if not a.model_only else ("(model only)", "")
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
-    out = a.out or os.path.join(REPO, "docs", "results", slug + "_io.json")
+    out = a.out or os.path.join(REPO, "docs", "results",
+                                slug + ("_io_causal.json" if a.causal else "_io.json"))
     workdir = a.log_dir or os.path.join(REPO, "build", "profile_io")
     os.makedirs(workdir, exist_ok=True)
     rows = []

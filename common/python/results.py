@@ -165,7 +165,7 @@ def readme_block(doc, json_name, png_name):
         "Each cell: TFLOP/s, harmonic mean over seqlen %d..%d (%s), and in brackets the speed "
         "relative to PyTorch's FLASH backend (FlashAttention-2) on the same tensors in the same "
         "run. Full tables and the ceilings: [docs/results.md](docs/results.md)." % (
-            lo, hi, settings_line(doc).split(",")[0] if doc.get("settings") else "fp16"),
+            lo, hi, doc.get("settings", {}).get("dtype", "fp16")),
         "",
         "![TFLOP/s per step](docs/results/%s)" % png_name,
         "",

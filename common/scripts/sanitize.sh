@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Runs the GPU suite under compute-sanitizer's memcheck, racecheck, synccheck and initcheck,
+# step by step, and prints one summary line per tool and step. Exits non-zero if any tool
+# reports an error, a test fails, a run times out, or no test ran.
+#
+#   common/scripts/sanitize.sh [LOG_DIR]        logs to LOG_DIR, else $OUT, else ./sanitizer-logs
+#
+# It builds fa_gpu_tests first (configuring FA_BUILD_DIR, default ./build, if needed). What
+# runs per step (a few minutes in all on an H200, the four tools in parallel):
+#   - the conformance matrix in fp16 for the odd_mqa, q_lt_k_gqa and q_gt_k shapes (forward,
+#     and backward in both modes where the step has one),
+#   - every named edge case (EdgeCases.*, SafetyEdgeCases.* but LargestGrid and LongSequences),
+#   - FA_RANDOM_PROBLEMS (default 3) random problems with lengths up to FA_RANDOM_MAX_SEQLEN
+#     (default 384).
+# Environment:
+#   FA_SANITIZE_STEPS="01_naive,05_split_q"   only these steps (default: every registered one)
+#   FA_SANITIZE_TOOLS="memcheck racecheck"     only these tools
+#   FA_SANITIZE_FILTER='...@STEP@...'          replace the per-step gtest filter (@STEP@ = step)
+#   FA_SANITIZE_TIMEOUT=900                    seconds per (tool, step) run
+#   FA_SANITIZE_JOBS=4                         tools run at the same time
+#   FA_INITCHECK_IGNORE='regex'                initcheck errors in kernels whose name matches
+#       are listed as "ignored" instead of failing (for a library kernel shown to be a false
+#       positive, e.g. reads of a cudaMallocAsync pool the tool cannot see initialized). Empty
+#       by default: nothing is ignored unless you say so, and the ignored ones are still printed.
+#   COMPUTE_SANITIZER=/path/to/compute-sanitizer
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+root=$PWD
+out=${1:-${OUT:-$root/sanitizer-logs}}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+build=${FA_BUILD_DIR:-build}
+tools=${FA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
+timeout_s=${FA_SANITIZE_TIMEOUT:-900}
+jobs=${FA_SANITIZE_JOBS:-4}
+export FA_RANDOM_PROBLEMS=${FA_RANDOM_PROBLEMS:-3}
+export FA_RANDOM_MAX_SEQLEN=${FA_RANDOM_MAX_SEQLEN:-384}
+
+say() { echo "sanitize: $*" | tee -a "$out/summary.txt"; }
+: > "$out/summary.txt"
+
+# compute-sanitizer ships with the CUDA toolkit but is not always on PATH.
+cs=${COMPUTE_SANITIZER:-}
+if [ -z "$cs" ]; then
+  for c in "$(command -v compute-sanitizer 2>/dev/null)" \
+           "${CUDA_HOME:-/nonexistent}/bin/compute-sanitizer" \
+           "$(dirname "$(command -v nvcc 2>/dev/null || echo /nonexistent/nvcc)")/compute-sanitizer" \
+           /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer \
+           /opt/nvidia/compute-sanitizer/compute-sanitizer; do
+    if [ -n "$c" ] && [ -x "$c" ]; then cs=$c; break; fi
+  done
+fi
+[ -n "$cs" ] || { say "compute-sanitizer not found (install the CUDA toolkit's, or set COMPUTE_SANITIZER)"; exit 2; }
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  say "no GPU (nvidia-smi finds none); the sanitizers need an sm_80+ GPU"
+  exit 1
+fi
+"$cs" --version 2>&1 | tail -1 > "$out/version.txt"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$out/version.txt" 2>&1
+
+# Build (incremental when the build folder exists).
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA_BUILD_DOCS=OFF \
+    > "$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; say "configure failed"; exit 2; }
+fi
+cmake --build "$build" -j "$(nproc)" --target fa_gpu_tests > "$out/build.log" 2>&1 \
+  || { grep -E "error" "$out/build.log" | head -20; say "build failed (see $out/build.log)"; exit 2; }
+bin=$build/bin/fa_gpu_tests
+
+# The registered steps: the parameters of the named edge cases.
+if [ -n "${FA_SANITIZE_STEPS:-}" ]; then
+  steps=$(echo "$FA_SANITIZE_STEPS" | tr ',;' '  ')
+else
+  steps=$("$bin" --gtest_list_tests --gtest_filter='Steps/EdgeCases.*' 2>/dev/null |
+          sed -n 's/^  [A-Za-z0-9_]*\/\([A-Za-z0-9_]*\).*/\1/p' | awk '!seen[$0]++')
+fi
+[ -n "$steps" ] || { say "no registered step found in $bin"; exit 2; }
+
+filter_for() {  # the gtest filter of one step
+  local s=$1
+  if [ -n "${FA_SANITIZE_FILTER:-}" ]; then
+    echo "${FA_SANITIZE_FILTER//@STEP@/$s}"
+    return
+  fi
+  local f="" shape
+  for shape in odd_mqa q_lt_k_gqa q_gt_k; do
+    f+="Steps/ForwardConformance.*/${s}_fp16_*_${shape}:"
+    f+="Steps/BackwardConformance.*/${s}_fp16_*_${shape}:Steps/BackwardConformance.*/${s}_fp16_*_${shape}_det:"
+  done
+  f+="Steps/EdgeCases.*/${s}:Steps/SafetyEdgeCases.*/${s}:Random/RandomConformance.*/${s}_fwd:"
+  f+="Random/RandomConformance.*/${s}_bwd"
+  f+="-*LargestGrid*:*LongSequences*"
+  echo "$f"
+}
+
+run_one() {  # tool step: runs, then writes one result line to $out/<tool>_<step>.result
+  local tool=$1 s=$2 base="$out/${1}_${2}"
+  local t0=$SECONDS rc
+  timeout --kill-after=30 "$timeout_s" "$cs" --tool "$tool" \
+    --error-exitcode 99 --print-limit 200 --log-file "$base.sanitizer.log" \
+    "$bin" --gtest_filter="$(filter_for "$s")" > "$base.log" 2>&1
+  rc=$?
+  echo "$rc $((SECONDS - t0))" > "$base.rc"
+}
+
+# The four tools run side by side (each over the steps in turn): they are CPU-bound.
+pids=()
+for tool in $tools; do
+  (for s in $steps; do run_one "$tool" "$s"; done) &
+  pids+=($!)
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 2; done
+done
+wait "${pids[@]}"
+
+# One line per tool and step.
+failed=0
+printf "%-10s %-22s %-8s %s\n" tool step result details | tee -a "$out/summary.txt"
+for tool in $tools; do
+  for s in $steps; do
+    base="$out/${tool}_${s}"
+    read -r rc secs < "$base.rc" || { rc=1; secs=0; }
+    log=$base.log
+    slog=$base.sanitizer.log
+    passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+    failed_tests=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+    skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+    passed=${passed:-0}; failed_tests=${failed_tests:-0}; skipped=${skipped:-0}
+    errors=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$slog" 2>/dev/null | tail -1)
+    if [ "$tool" = racecheck ]; then  # "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)"
+      rerr=$(sed -n 's/.*RACECHECK SUMMARY:.*(\([0-9]*\) error.*/\1/p' "$slog" 2>/dev/null | tail -1)
+      rwarn=$(sed -n 's/.*RACECHECK SUMMARY:.*, \([0-9]*\) warning.*/\1/p' "$slog" 2>/dev/null | tail -1)
+      errors=${rerr:-${errors:-}}
+    fi
+    ignored=0
+    if [ "$tool" = initcheck ] && [ -n "${FA_INITCHECK_IGNORE:-}" ] && [ "${errors:-0}" -gt 0 ]; then
+      # An error is ignored only if its report names a matching kernel, and only if every
+      # error was displayed and matches: one real error keeps the count.
+      read -r shown ignored < <(awk -v re="$FA_INITCHECK_IGNORE" '
+        /^========= [A-Z]/ && !/SUMMARY|COMPUTE-SANITIZER/ { total++; n = 4; hit = 0; next }
+        n > 0 { n--; if (!hit && $0 ~ re) { hit = 1; ign++ } }
+        END { print total + 0, ign + 0 }' "$slog")
+      if [ "$ignored" -gt 0 ]; then
+        awk -v re="$FA_INITCHECK_IGNORE" '/^========= [A-Z]/,0 { if ($0 ~ re) print }' "$slog" |
+          sort | uniq -c | sort -rn > "$base.ignored.txt"
+      fi
+      [ "$ignored" = "$shown" ] && [ "$shown" = "$errors" ] && errors=0
+    fi
+    kernels=""
+    if [ "${errors:-0}" != 0 ] && [ -f "$slog" ]; then  # where the errors are, by kernel (best effort)
+      kernels=$(grep -E "^=========.* (at|in) " "$slog" | grep -oE "[A-Za-z_][A-Za-z0-9_]*(<[^()]*>)?\(" |
+                sed 's/($//' | sort | uniq -c | sort -rn | head -3 |
+                awk '{c = $1; $1 = ""; printf "%s%dx%s", (NR > 1 ? ";" : ""), c, $0}')
+    fi
+    details="$passed passed, $failed_tests failed, $skipped skipped, ${errors:-?} errors"
+    [ "$tool" = racecheck ] && details+=", ${rwarn:-0} warnings"
+    [ "$ignored" != 0 ] && details+=", $ignored ignored by FA_INITCHECK_IGNORE (see ${base}.ignored.txt)"
+    details+=", ${secs}s"
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+      result=TIMEOUT
+    elif [ -z "${errors:-}" ]; then
+      result=NO-SUMMARY  # the tool did not finish (crash?)
+    elif [ "$errors" != 0 ]; then
+      result=ERRORS
+    elif [ "$failed_tests" != 0 ] || { [ "$rc" != 0 ] && [ "$rc" != 99 ]; }; then
+      result=FAILED
+    elif [ "$passed" = 0 ] || grep -q "No CUDA device" "$log"; then
+      result=NO-TESTS
+    else
+      result=clean
+    fi
+    [ "$result" = clean ] || failed=$((failed + 1))
+    line=$(printf "%-10s %-22s %-8s %s" "$tool" "$s" "$result" "$details")
+    [ -n "$kernels" ] && line+="  [$kernels]"
+    [ "$result" = clean ] || line+="  logs: $base.log, $base.sanitizer.log"
+    echo "$line" | tee -a "$out/summary.txt"
+  done
+done
+if [ "$failed" -gt 0 ]; then
+  say "$failed (tool, step) runs not clean; logs in $out"
+  exit 1
+fi
+say "every step clean under: $tools (logs in $out)"

@@ -270,7 +270,9 @@ def within(stats, bound):
 class Reference:
     """fp32 attention on upcast inputs for a few (batch, head) slices: O, lse, dQ, dK, dV.
 
-    Rows that see no key (causal with Nq > Nk) get O = 0 and lse = +inf, like the steps."""
+    Rows that see no key (causal with Nq > Nk) get O = 0 and lse = +inf, like the steps.
+    dK and dV are those of the one query head of the slice: right for H_kv = H (the sweep);
+    under GQA a K/V head's gradient would also sum the other heads of its group."""
 
     def __init__(self, torch, q, k, v, d_o, causal, scale, slices, backward):
         self.slices = slices
@@ -666,7 +668,16 @@ def main(argv=None):
     sys.stderr.write("compare.py: %s, %d shapes x %d measurements, seed %d -> %s\n" % (
         gpu["name"], len(shapes), per_shape, args.seed, out))
     for shape in shapes:
-        doc["results"] += measure_shape(torch, fs, args, shape, steps, progress)
+        try:
+            doc["results"] += measure_shape(torch, fs, args, shape, steps, progress)
+        except Exception as e:  # e.g. a kernel fault left the CUDA context unusable
+            progress.end()
+            doc["aborted"] = "at %s: %s" % (json.dumps(shape), describe_error(e))
+            log.append("compare.py: aborted " + doc["aborted"])
+            save()
+            sys.stderr.write("compare.py: aborted %s; rows so far are in %s\n"
+                             % (doc["aborted"], out))
+            return 1
         save()
     progress.end()
     doc["complete"] = True

@@ -108,3 +108,20 @@ def test_compare_runs_on_cpu(tmp_path, monkeypatch, wrong):
     readme.write_text("<!-- results:begin -->\n<!-- results:end -->\n")
     assert results.main([str(out), "--readme", str(readme), "--page", str(tmp_path / "r.md"),
                          "--no-plot"]) == 0
+
+
+def test_compare_aborts_cleanly_when_the_gpu_state_is_lost(tmp_path, monkeypatch):
+    fake = FakeSteps()
+    for name in ("steps", "has_backward", "library_path", "prepare_forward",
+                 "prepare_backward"):
+        monkeypatch.setattr(flash_steps, name, getattr(fake, name))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(compare, "Reference", broken)
+    out = tmp_path / "cpu.json"
+    assert compare.main(["--device", "cpu", "--seqlens", "64", "--head-dims", "64", "--tokens",
+                         "128", "--hidden", "128", "--repeats", "1", "--out", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and "illegal memory access" in doc["aborted"]

@@ -55,7 +55,7 @@ template <int kHeadDim>
 struct TileShape;
 template <>
 struct TileShape<64> {
-  static constexpr int kBlockM = 128, kBlockN = 64, kNumWarps = 4;
+  static constexpr int kBlockM = 64, kBlockN = 64, kNumWarps = 4;
 };
 template <>
 struct TileShape<128> {

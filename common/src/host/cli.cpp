@@ -129,6 +129,37 @@ bool parse_dtype_flag(const std::string& text, fa_dtype* out, std::string* error
   return false;
 }
 
+/// The flags the runner and the bench share: how to check, time and report a run.
+template <typename Options>
+void add_run_flags(std::vector<Flag>* flags, Options* o) {
+  const std::vector<Flag> shared = {
+      {"--seed", true, [o](auto& v, auto* e) { return parse_u64("--seed", v, &o->seed, e); }},
+      {"--warmup", true,
+       [o](auto& v, auto* e) {
+         if (!parse_int("--warmup", v, &o->warmup, e)) return false;
+         if (o->warmup >= 0) return true;
+         *e = "--warmup must be >= 0";
+         return false;
+       }},
+      {"--repeats", true,
+       [o](auto& v, auto* e) { return parse_positive("--repeats", v, &o->repeats, e); }},
+      {"--no-check", false, [o](auto&, auto*) { return !(o->check = false); }},
+      {"--check-rows", true,
+       [o](auto& v, auto* e) { return parse_positive("--check-rows", v, &o->check_rows, e); }},
+      {"--deterministic", false, [o](auto&, auto*) { return o->deterministic = true; }},
+      {"--out", true,
+       [o](auto& v, auto* e) {
+         o->out = v;
+         if (!v.empty()) return true;
+         *e = "--out needs a file name";
+         return false;
+       }},
+      {"--help", false, [o](auto&, auto*) { return o->help = true; }},
+      {"-h", false, [o](auto&, auto*) { return o->help = true; }},
+  };
+  flags->insert(flags->end(), shared.begin(), shared.end());
+}
+
 }  // namespace
 
 bool parse_runner_args(const std::vector<std::string>& args, RunnerOptions* o, std::string* error) {
@@ -139,7 +170,7 @@ bool parse_runner_args(const std::vector<std::string>& args, RunnerOptions* o, s
   o->shape.seqlen_q = o->shape.seqlen_k = 4096;
   o->shape.head_dim = 128;
   ProblemShape& s = o->shape;
-  const std::vector<Flag> flags = {
+  std::vector<Flag> flags = {
       {"--batch", true, [&](auto& v, auto* e) { return parse_int("--batch", v, &s.batch, e); }},
       {"--heads", true, [&](auto& v, auto* e) { return parse_int("--heads", v, &s.heads, e); }},
       {"--heads-kv", true,
@@ -158,34 +189,12 @@ bool parse_runner_args(const std::vector<std::string>& args, RunnerOptions* o, s
       {"--dtype", true, [&](auto& v, auto* e) { return parse_dtype_flag(v, &s.dtype, e); }},
       {"--causal", false, [&](auto&, auto*) { return s.causal = true; }},
       {"--scale", true, [&](auto& v, auto* e) { return parse_float("--scale", v, &s.scale, e); }},
-      {"--seed", true, [&](auto& v, auto* e) { return parse_u64("--seed", v, &o->seed, e); }},
       {"--magnitude", true,
        [&](auto& v, auto* e) { return parse_float("--magnitude", v, &o->magnitude, e); }},
-      {"--warmup", true,
-       [&](auto& v, auto* e) {
-         if (!parse_int("--warmup", v, &o->warmup, e)) return false;
-         if (o->warmup >= 0) return true;
-         *e = "--warmup must be >= 0";
-         return false;
-       }},
-      {"--repeats", true,
-       [&](auto& v, auto* e) { return parse_positive("--repeats", v, &o->repeats, e); }},
-      {"--no-check", false, [&](auto&, auto*) { return !(o->check = false); }},
-      {"--check-rows", true,
-       [&](auto& v, auto* e) { return parse_positive("--check-rows", v, &o->check_rows, e); }},
       {"--backward", false, [&](auto&, auto*) { return o->backward = true; }},
-      {"--deterministic", false, [&](auto&, auto*) { return o->deterministic = true; }},
       {"--no-ceilings", false, [&](auto&, auto*) { return !(o->ceilings = false); }},
-      {"--out", true,
-       [&](auto& v, auto* e) {
-         o->out = v;
-         if (!v.empty()) return true;
-         *e = "--out needs a file name";
-         return false;
-       }},
-      {"--help", false, [&](auto&, auto*) { return o->help = true; }},
-      {"-h", false, [&](auto&, auto*) { return o->help = true; }},
   };
+  add_run_flags(&flags, o);
   if (!parse_flags(args, flags, error)) return false;
   if (s.heads_kv == 0) s.heads_kv = s.heads;
   return true;
@@ -219,7 +228,7 @@ std::string runner_usage(const std::string& program) {
 
 bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* o, std::string* error) {
   *o = BenchOptions();
-  const std::vector<Flag> flags = {
+  std::vector<Flag> flags = {
       {"--steps", true,
        [&](auto& v, auto* e) {
          o->steps = split(v);
@@ -262,24 +271,8 @@ bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* o, std
        [&](auto& v, auto* e) { return parse_positive("--tokens", v, &o->tokens, e); }},
       {"--hidden", true,
        [&](auto& v, auto* e) { return parse_positive("--hidden", v, &o->hidden, e); }},
-      {"--warmup", true, [&](auto& v, auto* e) { return parse_int("--warmup", v, &o->warmup, e); }},
-      {"--repeats", true,
-       [&](auto& v, auto* e) { return parse_positive("--repeats", v, &o->repeats, e); }},
-      {"--no-check", false, [&](auto&, auto*) { return !(o->check = false); }},
-      {"--check-rows", true,
-       [&](auto& v, auto* e) { return parse_positive("--check-rows", v, &o->check_rows, e); }},
-      {"--seed", true, [&](auto& v, auto* e) { return parse_u64("--seed", v, &o->seed, e); }},
-      {"--deterministic", false, [&](auto&, auto*) { return o->deterministic = true; }},
-      {"--out", true,
-       [&](auto& v, auto* e) {
-         o->out = v;
-         if (!v.empty()) return true;
-         *e = "--out needs a file name";
-         return false;
-       }},
-      {"--help", false, [&](auto&, auto*) { return o->help = true; }},
-      {"-h", false, [&](auto&, auto*) { return o->help = true; }},
   };
+  add_run_flags(&flags, o);
   if (!parse_flags(args, flags, error)) return false;
   for (int n : o->seqlens)
     if (n < 1) {

@@ -293,6 +293,11 @@ struct RandomCase {
   bool backward;
 };
 
+/// How gtest prints a RandomCase (in listings and the JSON report).
+void PrintTo(const RandomCase& c, std::ostream* os) {
+  *os << c.step << (c.backward ? " backward" : " forward");
+}
+
 std::string random_case_name(const testing::TestParamInfo<RandomCase>& info) {
   return info.param.step + (info.param.backward ? "_bwd" : "_fwd");
 }

@@ -6,7 +6,7 @@
 #   common/scripts/sanitize.sh [LOG_DIR]        logs to LOG_DIR, else $OUT, else ./sanitizer-logs
 #
 # It builds fa_gpu_tests first (configuring FA_BUILD_DIR, default ./build, if needed). What
-# runs per step (a few minutes in all on an H200, the four tools in parallel):
+# runs per step (a few minutes in all on an H200, several (tool, step) runs in parallel):
 #   - the conformance matrix in fp16 for the odd_mqa, q_lt_k_gqa and q_gt_k shapes (forward,
 #     and backward in both modes where the step has one),
 #   - every named edge case (EdgeCases.*, SafetyEdgeCases.* but LargestGrid and LongSequences),
@@ -17,7 +17,11 @@
 #   FA_SANITIZE_TOOLS="memcheck racecheck"     only these tools
 #   FA_SANITIZE_FILTER='...@STEP@...'          replace the per-step gtest filter (@STEP@ = step)
 #   FA_SANITIZE_TIMEOUT=900                    seconds per (tool, step) run
-#   FA_SANITIZE_JOBS=4                         tools run at the same time
+#   FA_SANITIZE_BUDGET=540                     seconds for all runs together, after the build
+#       (default: no limit);
+#       runs that would not fit are cut short (TIMEOUT) or not started (NOT-RUN), and the
+#       summary is still printed: use it under a hard wall-clock limit
+#   FA_SANITIZE_JOBS=8                         (tool, step) runs at the same time (nproc/2, <= 8)
 #   FA_INITCHECK_IGNORE='regex'                initcheck errors in kernels whose name matches
 #       are listed as "ignored" instead of failing (for a library kernel shown to be a false
 #       positive, e.g. reads of a cudaMallocAsync pool the tool cannot see initialized). Empty
@@ -32,7 +36,8 @@ out=$(cd "$out" && pwd)
 build=${FA_BUILD_DIR:-build}
 tools=${FA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 timeout_s=${FA_SANITIZE_TIMEOUT:-900}
-jobs=${FA_SANITIZE_JOBS:-4}
+ncpu=$(nproc)
+jobs=${FA_SANITIZE_JOBS:-$(( ncpu / 2 > 8 ? 8 : (ncpu / 2 < 1 ? 1 : ncpu / 2) ))}
 export FA_RANDOM_PROBLEMS=${FA_RANDOM_PROBLEMS:-3}
 export FA_RANDOM_MAX_SEQLEN=${FA_RANDOM_MAX_SEQLEN:-384}
 
@@ -93,24 +98,37 @@ filter_for() {  # the gtest filter of one step
   echo "$f"
 }
 
-run_one() {  # tool step: runs, then writes one result line to $out/<tool>_<step>.result
+run_one() {  # tool step: runs one tool over one step's slice, writes "<rc> <seconds>" to .rc
   local tool=$1 s=$2 base="$out/${1}_${2}"
-  local t0=$SECONDS rc
-  timeout --kill-after=30 "$timeout_s" "$cs" --tool "$tool" \
+  local t0=$SECONDS rc limit=$timeout_s
+  if [ -n "$deadline" ]; then  # stay inside the overall budget, keeping time for the summary
+    limit=$((deadline - SECONDS - 20))
+    [ "$limit" -gt "$timeout_s" ] && limit=$timeout_s
+    if [ "$limit" -lt 30 ]; then
+      echo "budget 0" > "$base.rc"
+      : > "$base.log"
+      return
+    fi
+  fi
+  timeout --kill-after=15 "$limit" "$cs" --tool "$tool" \
     --error-exitcode 99 --print-limit 200 --log-file "$base.sanitizer.log" \
     "$bin" --gtest_filter="$(filter_for "$s")" > "$base.log" 2>&1
   rc=$?
   echo "$rc $((SECONDS - t0))" > "$base.rc"
 }
 
-# The four tools run side by side (each over the steps in turn): they are CPU-bound.
-pids=()
-for tool in $tools; do
-  (for s in $steps; do run_one "$tool" "$s"; done) &
-  pids+=($!)
-  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 2; done
+# Every (tool, step) run is a separate process, FA_SANITIZE_JOBS at a time: the tools are
+# mostly CPU-bound on the host, and the GPU has room for several small test programs.
+deadline=""
+[ -n "${FA_SANITIZE_BUDGET:-}" ] && deadline=$((SECONDS + FA_SANITIZE_BUDGET))
+for s in $steps; do
+  for tool in $tools; do
+    rm -f "$out/${tool}_${s}".{rc,log,sanitizer.log,ignored.txt}
+    run_one "$tool" "$s" &
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+  done
 done
-wait "${pids[@]}"
+wait
 
 # One line per tool and step.
 failed=0
@@ -155,7 +173,9 @@ for tool in $tools; do
     [ "$tool" = racecheck ] && details+=", ${rwarn:-0} warnings"
     [ "$ignored" != 0 ] && details+=", $ignored ignored by FA_INITCHECK_IGNORE (see ${base}.ignored.txt)"
     details+=", ${secs}s"
-    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    if [ "$rc" = budget ]; then
+      result=NOT-RUN  # FA_SANITIZE_BUDGET was spent before this run could start
+    elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
       result=TIMEOUT
     elif [ -z "${errors:-}" ]; then
       result=NO-SUMMARY  # the tool did not finish (crash?)

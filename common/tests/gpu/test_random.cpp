@@ -24,6 +24,8 @@
 ///                           at start-up) and the test's name.
 /// - `FA_RANDOM_MAX_SEQLEN=n` cap on seqlen_q and seqlen_k (default 4224); the sanitizer
 ///                           script lowers it.
+/// - `FA_RANDOM_SECONDS=t`   each test starts no new problem after t seconds (a wall-clock
+///                           cap for a long run; the summary line says how many ran).
 ///
 /// A failure prints the problem's full description, its seed, the first quantity out of
 /// bounds with where its largest error is, and the command that reruns exactly that problem:
@@ -34,6 +36,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
@@ -64,6 +67,12 @@ int max_seqlen() {
     if (n >= 1) return n;
   }
   return 4224;
+}
+
+/// FA_RANDOM_SECONDS: a test starts no new problem after this many seconds (0: no limit).
+double time_budget_seconds() {
+  if (const char* env = std::getenv("FA_RANDOM_SECONDS")) return std::atof(env);
+  return 0;
 }
 
 /// Seed of problem 0 of a test: FA_RANDOM_SEED if set, else derived from the base seed.
@@ -321,7 +330,15 @@ TEST_P(RandomConformance, Problems) {
   const int count = problem_count();
   const uint64_t seed0 = first_seed(name);
   Coverage cov;
+  const double budget = time_budget_seconds();
+  const auto start = std::chrono::steady_clock::now();
+  bool out_of_time = false;
   for (int i = 0; i < count; ++i) {
+    if (budget > 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > budget) {
+      out_of_time = true;  // not a failure: the summary says how many ran
+      break;
+    }
     const RandomProblem rp = draw_problem(seed0 + i, c.step, c.backward);
     cov.add(rp, c.backward);
     CheckResult r;
@@ -369,13 +386,15 @@ TEST_P(RandomConformance, Problems) {
     }
   }
   RecordProperty("problems", cov.ran);
+  if (out_of_time) RecordProperty("stopped_by_time", count - cov.ran);
   RecordProperty("failed", cov.failed);
   RecordProperty("first_seed", std::to_string(seed0));
   if (!cov.first_failure.empty()) RecordProperty("first_failure", cov.first_failure);
-  std::printf("[ random   ] %s %s: %s; seeds %llu..%llu\n", c.step.c_str(),
+  std::printf("[ random   ] %s %s: %s; seeds %llu..%llu%s\n", c.step.c_str(),
               c.backward ? "bwd" : "fwd", cov.describe(c.backward).c_str(),
               static_cast<unsigned long long>(seed0),
-              static_cast<unsigned long long>(seed0 + (count > 0 ? count - 1 : 0)));
+              static_cast<unsigned long long>(seed0 + (cov.ran > 0 ? cov.ran - 1 : 0)),
+              out_of_time ? "; stopped by FA_RANDOM_SECONDS before the rest" : "");
   std::fflush(stdout);
 }
 

@@ -316,7 +316,8 @@ def summarize_tests(report):
             g[1 if failed else 2 if skipped else 0] += 1
             if "problems" in case:
                 random_rows.append((group, int(case["problems"]), int(case.get("failed", 0)),
-                                    case.get("first_seed", "")))
+                                    case.get("first_seed", ""),
+                                    int(case.get("stopped_by_time", 0))))
             if failed:
                 failures.append((full, [f["failure"] for f in case["failures"]]))
     return groups, failures, random_rows
@@ -428,9 +429,10 @@ def cmd_grade(args):
         if group in groups:
             p, f, s = groups[group]
             lines.append(f"  {group:16s} {p:4d} passed {f:4d} failed" + (f" {s:4d} skipped" if s else ""))
-    for group, problems, failed, seed in random_rows:
+    for group, problems, failed, seed, not_run in random_rows:
         lines.append(f"  {group:16s} {problems - failed:4d} of {problems} problems passed"
-                     + (f" (first seed {seed})" if seed else ""))
+                     + (f" (first seed {seed})" if seed else "")
+                     + (f"; {not_run} not run (FA_RANDOM_SECONDS)" if not_run else ""))
     if missing_backward:
         lines.append(f"  backward         missing: {name} registers no backward pass, "
                      f"{reference} has one")

@@ -172,7 +172,7 @@ class LabHostTests(unittest.TestCase):
         groups, failures, random_rows = m.summarize_tests(report)
         self.assertEqual(groups["forward matrix"], [1, 1, 0])
         self.assertEqual(groups["edge cases"], [1, 0, 0])
-        self.assertEqual(random_rows, [("random forward", 200, 1, "5")])
+        self.assertEqual(random_rows, [("random forward", 200, 1, "5", 0)])
         self.assertEqual(failures[0][0],
                          "Steps/ForwardConformance.MatchesOracleOnAllRows/x_fp16_d64_causal_odd_mqa")
         self.assertEqual(m.test_filter("x"), "*/x:*/x_fp16_*:*/x_bf16_*:*/x_fwd:*/x_bwd")
@@ -219,8 +219,8 @@ class LabGpuTests(unittest.TestCase):
         self.assertNotEqual(status, 0, out)
         self.assertIn("Result: FAIL", out)
         self.assertIn("First failure:", out)
-        self.assertRegex(out, r"largest error: (O|lse): max\|out-ref\|")
-        self.assertRegex(out, r"where: +(O|lse)\[batch \d+, head \d+, row \d+")
+        self.assertRegex(out, r"largest error: (O|lse|dQ|dK|dV): max\|out-ref\|")
+        self.assertRegex(out, r"where: +(O|lse|dQ|dK|dV)\[batch \d+, head \d+, row \d+")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ are not touched. FA_LAB_TEST_CUDA_ARCH (e.g. 80) is the CUDA architecture the te
 import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys

@@ -3,7 +3,7 @@
 # step by step, and prints one summary line per tool and step. Exits non-zero if any tool
 # reports an error, a test fails, a run times out, or no test ran.
 #
-#   common/scripts/sanitize.sh [LOG_DIR]        logs to LOG_DIR, else $OUT, else ./sanitizer-logs
+#   common/scripts/sanitize.sh [LOG_DIR]    logs to LOG_DIR, else $OUT, else build/sanitizer-logs
 #
 # It builds fa_gpu_tests first (configuring FA_BUILD_DIR, default ./build, if needed). What
 # runs per step (a few minutes in all on an H200, several (tool, step) runs in parallel):
@@ -30,10 +30,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 root=$PWD
-out=${1:-${OUT:-$root/sanitizer-logs}}
+build=${FA_BUILD_DIR:-build}
+out=${1:-${OUT:-$root/$build/sanitizer-logs}}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-build=${FA_BUILD_DIR:-build}
 tools=${FA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 timeout_s=${FA_SANITIZE_TIMEOUT:-900}
 ncpu=$(nproc)

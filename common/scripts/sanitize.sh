@@ -31,7 +31,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 root=$PWD
 build=${FA_BUILD_DIR:-build}
-out=${1:-${OUT:-$root/$build/sanitizer-logs}}
+case $build in /*) build_abs=$build ;; *) build_abs=$root/$build ;; esac
+out=${1:-${OUT:-$build_abs/sanitizer-logs}}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 tools=${FA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}

@@ -49,11 +49,11 @@ namespace {
 
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
 /// rows, kNumWarps warps. The 4 warps split the \f$B_c\f$ keys (16 each, one k16 step of
-/// \f$P V\f$) and share all \f$B_r\f$ rows. Shared memory holds Q, K, V and the fp32 o_acc
-/// (\f$B_r (d + 8) \cdot 4\f$ bytes): 72 KiB at 128 x 64 (d = 64) and 84 KiB at 64 x 64
-/// (d = 128), which fits every sm_80+ GPU (at most 99 KiB per block on sm_86/89). A 128-row
-/// block at d = 128 would need 128 KiB: split-K pays for its shared o_acc with a smaller Q
-/// block.
+/// \f$P V\f$) and share all \f$B_r\f$ rows. Shared memory holds Q, K, V, the fp32 o_acc
+/// (\f$B_r (d + 8) \cdot 4\f$ bytes) and the warps' row statistics: 44 KiB (d = 64) and
+/// 84 KiB (d = 128) at 64 x 64, which fits every sm_80+ GPU (at most 99 KiB per block on
+/// sm_86/89). A 128-row block at d = 128 would need 136 KiB: split-K pays for its shared
+/// o_acc with a smaller Q block (see NOTES.md for why d = 64 uses 64 rows too).
 template <int kHeadDim>
 struct TileShape;
 template <>
@@ -451,7 +451,7 @@ __device__ __forceinline__ void accumulate_pv(float* o_acc, const float (&o_scal
 template <class Tr>
 __device__ __forceinline__ void init_o_m_l(float* o_hbm, float* row_max_hbm, float* row_sum_hbm,
                                            int seqlen, int tid) {
-  for (int i = tid; i < seqlen * (Tr::kHeadDim / 4); i += Tr::kNumThreads)
+  for (int64_t i = tid; i < static_cast<int64_t>(seqlen) * (Tr::kHeadDim / 4); i += Tr::kNumThreads)
     reinterpret_cast<float4*>(o_hbm)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int i = tid; i < seqlen; i += Tr::kNumThreads) {
     row_max_hbm[i] = -INFINITY;
@@ -685,7 +685,8 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
         fa::cp_async_commit();
       }
 
-      // Lines 10-12: online softmax, O_i = diag(l_new)^-1 (diag(l_i) e^{m_i - m_new} O_i + P V_j).
+      // Lines 10-12: online softmax and
+      // O_i = diag(l_new)^-1 (diag(l_i) e^{m_i - m_new} O_i + e^{m~ - m_new} P~ V_j).
       float o_scale[Tr::kMTiles][2];
       online_softmax<Tr>(s, row_max, row_sum, o_scale, warp_max, warp_sum, scale_log2, warp, lane);
       accumulate_pv<Tr, T>(o_acc, o_scale, s, v_tile, warp, lane);

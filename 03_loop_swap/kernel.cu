@@ -51,11 +51,11 @@ namespace {
 
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
 /// rows, kNumWarps warps. The 4 warps split the \f$B_c\f$ keys (16 each, one k16 step of
-/// \f$P V\f$) and share all \f$B_r\f$ rows. Shared memory holds Q, K, V and the fp32 o_acc
-/// (\f$B_r (d + 8) \cdot 4\f$ bytes): 72 KiB at 128 x 64 (d = 64) and 84 KiB at 64 x 64
-/// (d = 128), which fits every sm_80+ GPU (at most 99 KiB per block on sm_86/89). A 128-row
-/// block at d = 128 would need 128 KiB: split-K pays for its shared o_acc with a smaller Q
-/// block.
+/// \f$P V\f$) and share all \f$B_r\f$ rows. Shared memory holds Q, K, V, the fp32 o_acc
+/// (\f$B_r (d + 8) \cdot 4\f$ bytes) and the warps' row statistics: 44 KiB (d = 64) and
+/// 84 KiB (d = 128) at 64 x 64, which fits every sm_80+ GPU (at most 99 KiB per block on
+/// sm_86/89). A 128-row block at d = 128 would need 136 KiB: split-K pays for its shared
+/// o_acc with a smaller Q block (see NOTES.md for why d = 64 uses 64 rows too).
 template <int kHeadDim>
 struct TileShape;
 template <>

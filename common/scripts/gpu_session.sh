@@ -3,7 +3,7 @@
 # and GPU), print the runner's figures at the issue's shapes, optionally the sanitizers and
 # the bench. Logs go to $OUT (or ./gpu-logs).
 #   FA_ONLY_STEPS="01_naive;05_split_q"  build only these steps
-#   FA_SANITIZE=1                        also run compute-sanitizer over the GPU suite
+#   FA_SANITIZE=1                        also run common/scripts/sanitize.sh (4 tools)
 #   FA_BENCH="--seqlens 4096"            also run the bench with these flags ("all": defaults)
 set -uo pipefail
 out=${OUT:-$PWD/gpu-logs}
@@ -29,11 +29,8 @@ for step in $(ls "$build/bin" | grep -E '^[0-9]{2}_'); do
 done | tee "$out/runner.log"
 "$build/bin/01_naive" --seqlen 256 2>&1 | grep -E "GPU|Ceilings"
 if [ -n "${FA_SANITIZE:-}" ]; then
-  for tool in memcheck racecheck synccheck initcheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 "$build/bin/fa_gpu_tests" \
-      --gtest_filter="${FA_SANITIZE_FILTER:-*}" > "$out/sanitizer_$tool.log" 2>&1
-    echo "sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY' "$out/sanitizer_$tool.log" | tail -1)"
-  done
+  FA_BUILD_DIR="$PWD/$build" FA_SANITIZE_BUDGET=${FA_SANITIZE_BUDGET:-420} \
+    bash common/scripts/sanitize.sh "$out/sanitize" 2>&1 | tail -40
 fi
 if [ -n "${FA_BENCH:-}" ]; then
   [ "$FA_BENCH" = all ] && FA_BENCH=""

@@ -19,6 +19,11 @@ What it writes (nothing else, and never a number typed by hand):
    implementation, TFLOP/s over seqlen 2048..16384 (harmonic mean) for d 64/128, causal off/on,
    and the speed relative to PyTorch's FLASH backend (FlashAttention-2).
 3. ``docs/results.md``: the Doxygen page with the run's facts, the plots and every number.
+4. In each step folder's ``README.md`` that opts in with the two lines ``<!-- measured:begin -->``
+   and ``<!-- measured:end -->`` (a README without them is left alone): that step's TFLOP/s
+   at the measured shapes of seqlen 1024..16384, forward and, where the step has one,
+   backward, with the speed-up over the previous step and over 01_naive, from step 05 on the
+   ratio to PyTorch's FLASH backend, and one line naming the GPU, date, commit and command.
 
 The same JSON always gives the same files, byte for byte (the tests check it). Matplotlib is
 needed only for the plots (``--no-plot`` skips them).
@@ -28,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,6 +47,18 @@ FLASH = "sdpa_flash"
 #: Sequence lengths the README summary averages over.
 README_SEQLENS = (2048, 16384)
 DIRECTIONS = [("fwd", "Forward"), ("bwd", "Backward")]
+#: Markers of the block written into a step folder's README.md; a README opts in by holding
+#: both lines, and one without them is never touched.
+STEP_BEGIN, STEP_END = "<!-- measured:begin -->", "<!-- measured:end -->"
+#: Sequence lengths shown in a step's table (those of the run that lie in this range).
+STEP_SEQLENS = (1024, 16384)
+#: The step every other step is compared with.
+BASELINE = "01_naive"
+#: Steps from this number on implement FlashAttention-2's algorithm, so their tables also give
+#: the ratio to PyTorch's FLASH backend (FlashAttention-2 itself).
+FIRST_FA2_STEP = 5
+#: Step folders: two digits, an underscore, a name.
+STEP_FOLDER = re.compile(r"^[0-9]{2}_[A-Za-z0-9_]+$")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,13 +228,126 @@ def readme_block(doc, json_name, png_name):
     return "\n".join(lines)
 
 
-def replace_block(text, block):
-    """Replaces what is between the README markers (which must both be there once)."""
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise SystemExit("results.py: README must contain %s ... %s once" % (BEGIN, END))
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    return head + BEGIN + "\n" + block.rstrip("\n") + "\n" + END + tail
+def replace_block(text, block, begin=BEGIN, end=END, where="README"):
+    """Replaces what is between the markers `begin` and `end` (which must both be there once,
+    in that order) of the text of `where`."""
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise SystemExit("results.py: %s must contain %s ... %s once" % (where, begin, end))
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    return head + begin + "\n" + block.rstrip("\n") + "\n" + end + tail
+
+
+# ---------------------------------------------------------------------------------------------
+# The block in each step's README
+# ---------------------------------------------------------------------------------------------
+
+
+def step_readmes(root):
+    """(step, path) of every step folder under `root` that has a README.md, in folder order."""
+    if not os.path.isdir(root):
+        return []
+    return [(name, os.path.join(root, name, "README.md")) for name in sorted(os.listdir(root))
+            if STEP_FOLDER.match(name) and os.path.isfile(os.path.join(root, name, "README.md"))]
+
+
+def step_comparisons(doc, step, direction):
+    """What `step` is compared with in one direction, as [(impl, caption)]: the step before it
+    that the run measured (unless that is the baseline), the baseline 01_naive, and from step
+    05 on PyTorch's FLASH backend."""
+    names = impls(doc, direction)
+    steps = [n for n in names if not n.startswith("sdpa_")]
+    out = []
+    earlier = [n for n in steps if n < step]
+    if earlier and earlier[-1] != BASELINE:
+        out.append((earlier[-1], "speed-up over `%s`" % earlier[-1]))
+    if step != BASELINE and BASELINE in steps:
+        out.append((BASELINE, "speed-up over `%s`" % BASELINE))
+    if int(step[:2]) >= FIRST_FA2_STEP and FLASH in names:
+        out.append((FLASH, "ratio to PyTorch's FLASH backend (FlashAttention-2)"))
+    return out
+
+
+def step_cell(idx, step, others, key):
+    """TFLOP/s of `step` at key = (direction, head_dim, causal, seqlen), and in brackets its
+    speed over each of `others` at the same shape ("-" where one of the two did not run)."""
+    r = idx.get((step,) + key)
+    if r is None:
+        return "-"
+    if r.get("error"):
+        return "error"
+    if r.get("tflops") is None or r["tflops"] <= 0:
+        return "-"
+    if not r["ok"]:
+        return fmt_tflops(r["tflops"]) + " (check failed)"
+    ratios = []
+    for other in others:
+        o = idx.get((other,) + key)
+        ratios.append("%.2fx" % (r["tflops"] / o["tflops"]) if o is not None and o["ok"]
+                      else "-")
+    return fmt_tflops(r["tflops"]) + (" (%s)" % " / ".join(ratios) if ratios else "")
+
+
+def step_run_line(doc, json_name):
+    """The one line of a step's block that says where its numbers come from."""
+    g, run = doc["gpu"], doc.get("run", {})
+    runs = doc.get("runs") or [run]
+    commits = []
+    for r in runs:
+        c = "`%s`" % r.get("commit", "unknown")[:12]
+        if c not in commits:
+            commits.append(c)
+    dates = sorted({r.get("date", "date unknown")[:10] for r in runs})
+    s = doc.get("settings", {})
+    tokens, hidden = s.get("tokens", 16384), s.get("hidden", 2048)
+    text = ("Measured on **%s**, %s, commit%s %s%s, with `%s`%s; %s, %d tokens (batch = %d / "
+            "seqlen), hidden %d (heads = %d / head dim). Written by `python3 "
+            "common/python/results.py docs/results/%s`, never by hand; every implementation and "
+            "shape: [docs/results.md](../docs/results.md)." % (
+                g.get("name", "unknown GPU"), " to ".join(sorted({dates[0], dates[-1]})),
+                "s" if len(commits) > 1 else "", ", ".join(commits),
+                " (with local changes)" if any(r.get("dirty") for r in runs) else "",
+                run.get("command", "?"),
+                " (the last of %d merged runs)" % len(runs) if len(runs) > 1 else "",
+                s.get("dtype", "fp16"), tokens, tokens, hidden, hidden, json_name))
+    if not doc.get("complete", True):
+        text += " **Incomplete run.**"
+    return text
+
+
+def step_block(doc, step, json_name):
+    """The text between a step README's markers, or None when the run did not measure `step`."""
+    lo, hi = STEP_SEQLENS
+    idx = index(doc)
+    out = [step_run_line(doc, json_name), ""]
+    errors = False
+    for direction, title in DIRECTIONS:
+        mine = [r for r in doc["results"] if r["impl"] == step and r["direction"] == direction
+                and lo <= r["seqlen_q"] <= hi]
+        if not mine:
+            continue
+        cfgs = sorted({(r["head_dim"], r["causal"]) for r in mine})
+        ns = sorted({r["seqlen_q"] for r in mine})
+        others = step_comparisons(doc, step, direction)
+        caption = "**%s**, TFLOP/s by sequence length" % title
+        if others:
+            caption += "; in brackets, on the same tensors in the same run: %s" % (
+                " / ".join(c for _, c in others))
+        out += [caption + ":", "",
+                "| seqlen | %s |" % " | ".join(config_name(*c) for c in cfgs),
+                "|---|" + "---|" * len(cfgs)]
+        for n in ns:
+            cells = [step_cell(idx, step, [o for o, _ in others], (direction, d, causal, n))
+                     for d, causal in cfgs]
+            errors = errors or "error" in cells
+            out.append("| %d | %s |" % (n, " | ".join(cells)))
+        out.append("")
+    if len(out) == 2:
+        return None
+    if errors:
+        out += ["error: the step did not run at that shape; the message is in "
+                "[docs/results.md](../docs/results.md).", ""]
+    return "\n".join(out).rstrip("\n")
 
 
 def page(doc, json_name, png_name, ceilings_png, bench):
@@ -462,8 +593,10 @@ def ceilings_doc(doc, bench):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        description="Write the plot, the README results table and docs/results.md from a "
-                    "compare.py JSON. The same JSON always gives the same files.")
+        description="Write the plot, the README results table, the measured block of each "
+                    "step README that has the %s / %s markers and docs/results.md from a "
+                    "compare.py JSON. The same JSON always gives the same files."
+                    % (STEP_BEGIN, STEP_END))
     p.add_argument("json", help="compare.py output, e.g. docs/results/nvidia-h200.json")
     p.add_argument("--bench", help="bench JSON (./build/bin/bench --out bench.json) of the same "
                                    "GPU: adds each step's share of the two ceilings")
@@ -475,10 +608,17 @@ def parse_args(argv=None):
     p.add_argument("--page", default=os.path.join(REPO, "docs", "results.md"),
                    help="results page to write (default: docs/results.md)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the plots")
-    p.add_argument("--no-readme", action="store_true", help="leave the README alone")
+    p.add_argument("--steps-dir",
+                   help="folder holding the step folders whose README.md to update between "
+                        "%s and %s (default: the --readme's folder)" % (STEP_BEGIN, STEP_END))
+    p.add_argument("--no-readme", action="store_true",
+                   help="leave the README and the step READMEs alone")
+    p.add_argument("--no-step-readmes", action="store_true",
+                   help="leave the step READMEs alone")
     p.add_argument("--no-page", action="store_true", help="do not write docs/results.md")
     p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 if the README table or the page is out of date")
+                   help="write nothing; exit 1 if the README table, a step README's block or "
+                        "the page is out of date")
     return p.parse_args(argv)
 
 
@@ -496,6 +636,20 @@ def main(argv=None):
         with open(a.readme) as f:
             texts[a.readme] = replace_block(f.read(), readme_block(
                 doc, json_name, os.path.basename(png)))
+    if not a.no_readme and not a.no_step_readmes:
+        root = a.steps_dir or os.path.dirname(os.path.abspath(a.readme))
+        for step, path in step_readmes(root):
+            with open(path) as f:
+                old = f.read()
+            if STEP_BEGIN not in old and STEP_END not in old:
+                continue  # this README has not opted in
+            block = step_block(doc, step, json_name)
+            if block is None:
+                if not a.check:
+                    print("results.py: %s not measured in %s, %s left as it is"
+                          % (step, json_name, os.path.relpath(path)))
+                continue
+            texts[path] = replace_block(old, block, STEP_BEGIN, STEP_END, path)
     if not a.no_page:
         texts[a.page] = page(doc, json_name, os.path.basename(png), os.path.basename(cpng),
                              bench)

@@ -79,6 +79,8 @@ def fake_bench():
 
 
 README = "# x\n\nintro\n\n<!-- results:begin -->\nNot measured yet.\n<!-- results:end -->\n\ntail\n"
+STEP_README = ("# Step\n\n## Measured\n\n<!-- measured:begin -->\nTo be measured.\n"
+               "<!-- measured:end -->\n\n## The diff\n")
 
 
 @pytest.fixture
@@ -89,9 +91,18 @@ def files(tmp_path):
     b.write_text(json.dumps(fake_bench()))
     readme = tmp_path / "README.md"
     readme.write_text(README)
+    # Step folders beside the README (the default --steps-dir): two opt in with the markers,
+    # one does not, and one opts in but is not in the JSON.
+    steps = {}
+    for name, text in (("01_naive", STEP_README), ("05_split_q", STEP_README),
+                       ("07_backward", STEP_README), ("06_causal_skip", "# no markers\n"),
+                       ("03_loop_swap", STEP_README)):
+        (tmp_path / name).mkdir()
+        steps[name] = tmp_path / name / "README.md"
+        steps[name].write_text(text)
     return dict(json=str(j), bench=str(b), readme=str(readme), page=str(tmp_path / "results.md"),
                 png=str(tmp_path / "plot.png"), cpng=str(tmp_path / "ceil.png"),
-                dir=tmp_path)
+                dir=tmp_path, steps={k: str(v) for k, v in steps.items()})
 
 
 def run_results(f, *extra):
@@ -132,14 +143,117 @@ def test_readme_table_and_page(files):
 
 
 def test_same_json_same_files(files):
+    outputs = [files["readme"], files["page"]] + sorted(files["steps"].values())
     assert run_results(files, "--bench", files["bench"], "--no-plot") == 0
-    first = digest([files["readme"], files["page"]])
+    first = digest(outputs)
+    assert len(first) == len(outputs)
     assert run_results(files, "--bench", files["bench"], "--no-plot") == 0
-    assert digest([files["readme"], files["page"]]) == first
+    assert digest(outputs) == first
     assert run_results(files, "--bench", files["bench"], "--check") == 0
     with open(files["page"], "a") as f:
         f.write("hand edit\n")
     assert run_results(files, "--bench", files["bench"], "--check") == 1
+    assert run_results(files, "--bench", files["bench"], "--no-plot") == 0
+    assert digest(outputs) == first
+    # A hand edit inside a step's block is out of date too, and the next run undoes it.
+    path = files["steps"]["05_split_q"]
+    text = open(path).read()
+    open(path, "w").write(text.replace("| 1024 |", "| 1024 (edited) |"))
+    assert run_results(files, "--bench", files["bench"], "--check") == 1
+    assert run_results(files, "--bench", files["bench"], "--no-plot") == 0
+    assert digest(outputs) == first
+
+
+def step_doc():
+    """fake_doc with step 04 too, so that 05 has a previous step other than 01."""
+    return fake_doc(steps=("01_naive", "04_deferred_rescale", "05_split_q", "07_backward"))
+
+
+def test_step_readme_blocks(files):
+    with open(files["json"], "w") as f:
+        json.dump(step_doc(), f)
+    assert run_results(files, "--no-plot") == 0
+    steps = {name: open(path).read() for name, path in files["steps"].items()}
+    # Outside the markers nothing changes; READMEs without markers, or of steps the run did
+    # not measure, are left as they were.
+    assert steps["06_causal_skip"] == "# no markers\n"
+    assert steps["03_loop_swap"] == STEP_README
+    for name in ("01_naive", "05_split_q", "07_backward"):
+        text = steps[name]
+        assert text.startswith("# Step\n\n## Measured\n\n<!-- measured:begin -->\nMeasured on ")
+        assert text.endswith("\n<!-- measured:end -->\n\n## The diff\n")
+        assert "To be measured" not in text
+        assert ("Measured on **NVIDIA Test GPU**, 2026-11-30, commit `0123456789ab`, with "
+                "`python3 common/python/compare.py`;") in text
+        assert "`python3 common/python/results.py docs/results/nvidia-test-gpu.json`" in text
+    # Step 05 (impl index j=2 of fake_doc: tflops 10 + 40j + 5i + 3(d=128) - 7 causal) against
+    # 04 (j=1), 01 (j=0) and FLASH (j=4), seqlens 1024, 2048, 4096, 16384 (i = 0..3).
+    s05 = steps["05_split_q"]
+    assert ("**Forward**, TFLOP/s by sequence length; in brackets, on the same tensors in the "
+            "same run: speed-up over `04_deferred_rescale` / speed-up over `01_naive` / ratio "
+            "to PyTorch's FLASH backend (FlashAttention-2):") in s05
+    assert "| seqlen | d=64 | d=64 causal | d=128 | d=128 causal |" in s05
+    assert "**Backward**" not in s05
+    assert ("| 1024 | %.1f (%.2fx / %.2fx / %.2fx) |" % (90, 90 / 50, 90 / 10, 90 / 170)) in s05
+    row = next(line for line in s05.splitlines() if line.startswith("| 16384 |"))
+    # 01 ran out of memory at 16384, d=64: no ratio there, but one at d=128 causal.
+    assert row.split(" | ")[1] == "%.1f (%.2fx / - / %.2fx)" % (105, 105 / 65, 105 / 185)
+    assert row.split(" | ")[4].rstrip(" |") == "%.1f (%.2fx / %.2fx / %.2fx)" % (
+        101, 101 / 61, 101 / 21, 101 / 181)
+    # 01: TFLOP/s alone, and the shape that did not run says so.
+    s01 = steps["01_naive"]
+    assert "**Forward**, TFLOP/s by sequence length:" in s01
+    assert "| 16384 | error | error | 28.0 | 21.0 |" in s01
+    assert "error: the step did not run at that shape" in s01
+    # 07: forward against 05 (the step before it in this run), 01 and FLASH; backward against
+    # FLASH only, since no other step of this JSON has a backward.
+    s07 = steps["07_backward"]
+    assert "speed-up over `05_split_q` / speed-up over `01_naive` / ratio to" in s07
+    assert ("**Backward**, TFLOP/s by sequence length; in brackets, on the same tensors in the "
+            "same run: ratio to PyTorch's FLASH backend (FlashAttention-2):") in s07
+    bwd = s07.split("**Backward**")[1]
+    assert "| 2048 | %.1f (%.2fx) |" % (135, 135 / 175) in bwd
+    # Seqlens outside 1024..16384 are not shown.
+    doc = step_doc()
+    doc["results"] = [dict(r, seqlen_q=512, seqlen_k=512) for r in doc["results"]
+                      if r["seqlen_q"] == 1024] + doc["results"]
+    with open(files["json"], "w") as f:
+        json.dump(doc, f)
+    assert run_results(files, "--no-plot") == 0
+    assert open(files["steps"]["05_split_q"]).read() == s05
+    # --no-step-readmes and --no-readme leave them alone; --steps-dir points elsewhere.
+    open(files["steps"]["05_split_q"], "w").write(STEP_README)
+    assert run_results(files, "--no-plot", "--no-step-readmes") == 0
+    assert run_results(files, "--no-plot", "--no-readme") == 0
+    assert run_results(files, "--no-plot", "--steps-dir", str(files["dir"] / "none")) == 0
+    assert open(files["steps"]["05_split_q"]).read() == STEP_README
+    assert run_results(files, "--no-plot", "--steps-dir", str(files["dir"])) == 0
+    assert open(files["steps"]["05_split_q"]).read() == s05
+
+
+def test_step_readme_markers_must_be_whole(files):
+    open(files["steps"]["05_split_q"], "w").write("# Step\n<!-- measured:begin -->\n")
+    with pytest.raises(SystemExit, match="measured:end"):
+        run_results(files, "--no-plot")
+    open(files["steps"]["05_split_q"], "w").write(
+        "<!-- measured:end -->\n<!-- measured:begin -->\n")
+    with pytest.raises(SystemExit, match="05_split_q"):
+        run_results(files, "--no-plot")
+
+
+def test_step_readme_of_a_merged_run(files):
+    doc = step_doc()
+    doc["runs"] = [dict(doc["run"]), dict(doc["run"], commit="fedcba9876543210",
+                                          date="2026-12-01T10:00:00Z", dirty=True)]
+    doc["complete"] = False
+    with open(files["json"], "w") as f:
+        json.dump(doc, f)
+    assert run_results(files, "--no-plot") == 0
+    text = open(files["steps"]["05_split_q"]).read()
+    assert ("Measured on **NVIDIA Test GPU**, 2026-11-30 to 2026-12-01, commits `0123456789ab`, "
+            "`fedcba987654` (with local changes), with `python3 common/python/compare.py` "
+            "(the last of 2 merged runs);") in text
+    assert "**Incomplete run.**" in text
 
 
 def test_plots_are_reproducible(files):

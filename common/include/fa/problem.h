@@ -32,6 +32,12 @@ struct ProblemShape {
   fa_fwd_args args() const;
 };
 
+/// A shape from its sizes and options, e.g. `make_shape(1, 16, 16, 4096, 4096, 128, true)`;
+/// the scale stays 0 (the usual \f$1/\sqrt{d}\f$). Nothing is checked here: make_problem()
+/// and the C API check the sizes.
+ProblemShape make_shape(int batch, int heads, int heads_kv, int seqlen_q, int seqlen_k,
+                        int head_dim, bool causal = false, fa_dtype dtype = FA_FP16);
+
 /// How the random inputs are drawn.
 struct InputSpec {
   uint64_t seed = 1;  ///< the same seed gives the same inputs everywhere

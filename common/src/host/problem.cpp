@@ -144,6 +144,20 @@ float ProblemShape::effective_scale() const {
   return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(head_dim));
 }
 
+ProblemShape make_shape(int batch, int heads, int heads_kv, int seqlen_q, int seqlen_k,
+                        int head_dim, bool causal, fa_dtype dtype) {
+  ProblemShape s;
+  s.dtype = dtype;
+  s.batch = batch;
+  s.heads = heads;
+  s.heads_kv = heads_kv;
+  s.seqlen_q = seqlen_q;
+  s.seqlen_k = seqlen_k;
+  s.head_dim = head_dim;
+  s.causal = causal;
+  return s;
+}
+
 fa_fwd_args ProblemShape::args() const {
   fa_fwd_args a{};
   a.dtype = dtype;

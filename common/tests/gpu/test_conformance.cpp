@@ -62,16 +62,8 @@ std::vector<Case> make_cases(bool backward) {
 }
 
 ProblemShape shape_of(const Case& c) {
-  ProblemShape s;
-  s.dtype = c.dtype;
-  s.batch = c.dims.batch;
-  s.heads = c.dims.heads;
-  s.heads_kv = c.dims.heads_kv;
-  s.seqlen_q = c.dims.seqlen_q;
-  s.seqlen_k = c.dims.seqlen_k;
-  s.head_dim = c.head_dim;
-  s.causal = c.causal;
-  return s;
+  return make_shape(c.dims.batch, c.dims.heads, c.dims.heads_kv, c.dims.seqlen_q, c.dims.seqlen_k,
+                    c.head_dim, c.causal, c.dtype);
 }
 
 class ForwardConformance : public testing::TestWithParam<Case> {};
@@ -128,16 +120,8 @@ class EdgeCases : public testing::TestWithParam<std::string> {
                         << b.summary();
     }
   }
-  static ProblemShape base(int nq, int nk, int d = 64) {
-    ProblemShape s;
-    s.batch = 1;
-    s.heads = 2;
-    s.heads_kv = 2;
-    s.seqlen_q = nq;
-    s.seqlen_k = nk;
-    s.head_dim = d;
-    return s;
-  }
+  /// One batch, two heads: the edge is in the sequence lengths.
+  static ProblemShape base(int nq, int nk, int d = 64) { return make_shape(1, 2, 2, nq, nk, d); }
 };
 
 TEST_P(EdgeCases, SeqlenQOneDecoding) {
@@ -165,11 +149,7 @@ TEST_P(EdgeCases, CausalRowsThatSeeNoKey) {
 
 TEST_P(EdgeCases, MultiQueryOneKvHead) {
   FA_REQUIRE_GPU();
-  ProblemShape s = base(129, 191, 128);
-  s.heads = 8;
-  s.heads_kv = 1;
-  s.causal = true;
-  expect_matches(s, {});
+  expect_matches(make_shape(1, 8, 1, 129, 191, 128, true), {});
 }
 
 TEST_P(EdgeCases, LargeMagnitudeInputs) {
@@ -192,10 +172,7 @@ TEST_P(EdgeCases, CustomScale) {
 
 TEST_P(EdgeCases, NonContiguousStrides) {
   FA_REQUIRE_GPU();
-  ProblemShape s = base(77, 140, 128);
-  s.heads = 4;
-  s.heads_kv = 2;
-  s.batch = 2;
+  ProblemShape s = make_shape(2, 4, 2, 77, 140, 128);
   expect_matches(s, {}, Layout::kPadded);
   s.causal = true;
   expect_matches(s, {}, Layout::kHeadMajor);
@@ -210,10 +187,7 @@ INSTANTIATE_TEST_SUITE_P(Steps, EdgeCases, testing::ValuesIn(registered_steps())
 TEST(HarnessSelfTest, UnwrittenOrPerturbedOutputFailsTheCheck) {
   FA_REQUIRE_GPU();
   const std::string step = registered_steps().front();
-  ProblemShape s;
-  s.heads = s.heads_kv = 2;
-  s.seqlen_q = s.seqlen_k = 64;
-  s.head_dim = 64;
+  const ProblemShape s = make_shape(1, 2, 2, 64, 64, 64);
   const HostProblem p = make_problem(s, InputSpec{11});
   DeviceProblem dp(p, Layout::kContiguous, false);
   const std::vector<RowId> rows = all_q_rows(s);
@@ -244,11 +218,7 @@ TEST(HarnessSelfTest, UnwrittenOrPerturbedOutputFailsTheCheck) {
 
 TEST(HarnessSelfTest, RejectedProblemIsReportedNotRun) {
   FA_REQUIRE_GPU();
-  ProblemShape s;
-  s.heads = 2;
-  s.heads_kv = 2;
-  s.seqlen_q = s.seqlen_k = 16;
-  s.head_dim = 64;
+  const ProblemShape s = make_shape(1, 2, 2, 16, 16, 64);
   const HostProblem p = make_problem(s, InputSpec{3});
   DeviceProblem dp(p, Layout::kContiguous, false);
   const CheckResult r = check_forward("no_such_step", dp, p, all_q_rows(s));

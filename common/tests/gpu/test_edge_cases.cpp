@@ -77,18 +77,6 @@ class SafetyEdgeCases : public testing::TestWithParam<std::string> {
   uint64_t seed() const {
     return test_seed(step() + "/" + testing::UnitTest::GetInstance()->current_test_info()->name());
   }
-  static ProblemShape shape(int batch, int heads, int heads_kv, int nq, int nk, int d,
-                            bool causal) {
-    ProblemShape s;
-    s.batch = batch;
-    s.heads = heads;
-    s.heads_kv = heads_kv;
-    s.seqlen_q = nq;
-    s.seqlen_k = nk;
-    s.head_dim = d;
-    s.causal = causal;
-    return s;
-  }
   /// Forward (and backward, where the step has one) against the oracle on `q_rows`/`kv_rows`
   /// (all rows when empty).
   void expect_matches(const ProblemShape& s, Layout layout = Layout::kContiguous,
@@ -109,8 +97,8 @@ class SafetyEdgeCases : public testing::TestWithParam<std::string> {
 
 TEST_P(SafetyEdgeCases, BothLengthsOne) {
   FA_REQUIRE_GPU();
-  expect_matches(shape(2, 4, 2, 1, 1, 64, false));
-  expect_matches(shape(2, 4, 2, 1, 1, 128, true));  // the one row sees the one key
+  expect_matches(make_shape(2, 4, 2, 1, 1, 64, false));
+  expect_matches(make_shape(2, 4, 2, 1, 1, 128, true));  // the one row sees the one key
 }
 
 // Rows that see no key: O is exactly 0, L exactly +inf, and (backward) dQ exactly 0. Whole
@@ -118,7 +106,7 @@ TEST_P(SafetyEdgeCases, BothLengthsOne) {
 TEST_P(SafetyEdgeCases, RowsWithoutKeysAreExactlyZeroWithInfiniteLse) {
   FA_REQUIRE_GPU();
   for (const ProblemShape& s :
-       {shape(1, 2, 1, 300, 3, 64, true), shape(2, 2, 2, 513, 1, 128, true)}) {
+       {make_shape(1, 2, 1, 300, 3, 64, true), make_shape(2, 2, 2, 513, 1, 128, true)}) {
     const uint64_t sd = seed();
     const HostProblem p = make_problem(s, InputSpec{sd});
     DeviceProblem dp(p, Layout::kContiguous, has_backward());
@@ -154,8 +142,8 @@ TEST_P(SafetyEdgeCases, RowsWithoutKeysAreExactlyZeroWithInfiniteLse) {
 // The API accepts batch and heads up to 65535 (grid dimensions y and z).
 TEST_P(SafetyEdgeCases, LargestGrid) {
   FA_REQUIRE_GPU();
-  expect_matches(shape(65535, 1, 1, 2, 3, 64, false));
-  expect_matches(shape(1, 65535, 5, 3, 2, 64, true));  // 13107 query heads per kv head
+  expect_matches(make_shape(65535, 1, 1, 2, 3, 64, false));
+  expect_matches(make_shape(1, 65535, 5, 3, 2, 64, true));  // 13107 query heads per kv head
 }
 
 // Long sequences, checked on sampled rows (the oracle's cost grows with N^2).
@@ -163,14 +151,14 @@ TEST_P(SafetyEdgeCases, LongSequences) {
   FA_REQUIRE_GPU();
   const uint64_t sd = seed();
   for (bool causal : {false, true}) {
-    const ProblemShape s = shape(1, 2, 1, 16411, 16411, 128, causal);  // 16411 is prime
+    const ProblemShape s = make_shape(1, 2, 1, 16411, 16411, 128, causal);  // 16411 is prime
     const HostProblem p = make_problem(s, InputSpec{sd});
     DeviceProblem dp(p, Layout::kContiguous, false);
     const CheckResult f = check_forward(step(), dp, p, sample_q_rows(s, 64, sd));
     EXPECT_TRUE(f.ok) << s.describe() << " seed " << sd << ": " << f.summary();
   }
   if (!has_backward()) return;
-  const ProblemShape s = shape(1, 2, 1, 8209, 2053, 64, true);  // both prime
+  const ProblemShape s = make_shape(1, 2, 1, 8209, 2053, 64, true);  // both prime
   const HostProblem p = make_problem(s, InputSpec{sd});
   DeviceProblem dp(p, Layout::kContiguous, true);
   for (bool det : {false, true}) {
@@ -186,7 +174,7 @@ TEST_P(SafetyEdgeCases, LongSequences) {
 TEST_P(SafetyEdgeCases, WritesStayInsideTheOutputs) {
   FA_REQUIRE_GPU();
   for (bool causal : {false, true}) {
-    const ProblemShape s = shape(2, 4, 2, 77, 140, 64, causal);
+    const ProblemShape s = make_shape(2, 4, 2, 77, 140, 64, causal);
     const uint64_t sd = seed();
     const HostProblem p = make_problem(s, InputSpec{sd});
     DeviceProblem dp(p, Layout::kPadded, has_backward());
@@ -224,7 +212,7 @@ TEST_P(SafetyEdgeCases, WritesStayInsideTheOutputs) {
 TEST_P(SafetyEdgeCases, DeterministicBackwardIsBitwiseRepeatable) {
   FA_REQUIRE_GPU();
   if (!has_backward()) GTEST_SKIP() << step() << " has no backward pass";
-  const ProblemShape s = shape(2, 8, 2, 333, 517, 128, true);
+  const ProblemShape s = make_shape(2, 8, 2, 333, 517, 128, true);
   const uint64_t sd = seed();
   const HostProblem p = make_problem(s, InputSpec{sd});
   DeviceProblem dp(p, Layout::kContiguous, true);

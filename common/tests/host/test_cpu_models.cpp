@@ -13,26 +13,6 @@
 namespace fa {
 namespace {
 
-ProblemShape shape_of(int batch, int heads, int heads_kv, int seqlen_q, int seqlen_k, int head_dim,
-                      bool causal) {
-  ProblemShape s;
-  s.batch = batch;
-  s.heads = heads;
-  s.heads_kv = heads_kv;
-  s.seqlen_q = seqlen_q;
-  s.seqlen_k = seqlen_k;
-  s.head_dim = head_dim;
-  s.causal = causal;
-  return s;
-}
-
-HostProblem random_problem(const ProblemShape& s, uint64_t seed = 1, float magnitude = 1.f) {
-  InputSpec spec;
-  spec.seed = seed;
-  spec.magnitude = magnitude;
-  return make_problem(s, spec);
-}
-
 // The reference's rows are ordered (b, h, s); gathers a BSHD tensor in that order.
 std::vector<float> gather_rows(const std::vector<float>& tensor, const std::vector<RowId>& rows,
                                int seqlen, int heads, int d) {
@@ -65,12 +45,12 @@ struct Case {
 
 std::vector<Case> model_cases() {
   return {
-      {"mha", shape_of(1, 2, 2, 37, 37, 16, false)},
-      {"mha_causal", shape_of(1, 2, 2, 37, 37, 16, true)},
-      {"gqa_wide", shape_of(2, 4, 2, 20, 33, 8, false)},
-      {"gqa_wide_causal", shape_of(2, 4, 2, 20, 33, 8, true)},
-      {"mqa_tall_causal", shape_of(1, 3, 1, 29, 11, 8, true)},  // 18 rows see no key
-      {"single", shape_of(1, 1, 1, 1, 1, 4, true)},
+      {"mha", make_shape(1, 2, 2, 37, 37, 16, false)},
+      {"mha_causal", make_shape(1, 2, 2, 37, 37, 16, true)},
+      {"gqa_wide", make_shape(2, 4, 2, 20, 33, 8, false)},
+      {"gqa_wide_causal", make_shape(2, 4, 2, 20, 33, 8, true)},
+      {"mqa_tall_causal", make_shape(1, 3, 1, 29, 11, 8, true)},  // 18 rows see no key
+      {"single", make_shape(1, 1, 1, 1, 1, 4, true)},
   };
 }
 
@@ -78,7 +58,7 @@ constexpr int kBlocks[][2] = {{16, 16}, {7, 5}, {64, 64}};
 
 TEST(CpuModels, ForwardModelsMatchOracle) {
   for (const Case& c : model_cases()) {
-    const HostProblem p = random_problem(c.shape, 31);
+    const HostProblem p = make_problem(c.shape, InputSpec{31});
     const std::vector<RowId> rows = all_q_rows(p.shape);
     const ForwardRef ref = reference_forward(p, rows);
     const int n_q = c.shape.seqlen_q, h = c.shape.heads, d = c.shape.head_dim;
@@ -98,7 +78,7 @@ TEST(CpuModels, ForwardModelsMatchOracle) {
 
 // Large inputs (scores in the thousands) must not overflow: the running max does its job.
 TEST(CpuModels, LargeMagnitudeIsStable) {
-  const HostProblem p = random_problem(shape_of(1, 2, 1, 24, 19, 16, true), 4, 30.f);
+  const HostProblem p = make_problem(make_shape(1, 2, 1, 24, 19, 16, true), InputSpec{4, 30.f});
   const std::vector<RowId> rows = all_q_rows(p.shape);
   const ForwardRef ref = reference_forward(p, rows);
   for (const ForwardResult& r : {standard_forward(p), fa1_forward(p, 7, 5), fa2_forward(p, 7, 5)}) {
@@ -110,7 +90,7 @@ TEST(CpuModels, LargeMagnitudeIsStable) {
 
 TEST(CpuModels, Fa2BackwardMatchesOracle) {
   for (const Case& c : model_cases()) {
-    const HostProblem p = random_problem(c.shape, 37);
+    const HostProblem p = make_problem(c.shape, InputSpec{37});
     const std::vector<RowId> q_rows = all_q_rows(p.shape), kv_rows = all_kv_rows(p.shape);
     const BackwardRef ref = reference_backward(p, q_rows, kv_rows);
     const int n_q = c.shape.seqlen_q, n_k = c.shape.seqlen_k, d = c.shape.head_dim;
@@ -127,7 +107,7 @@ TEST(CpuModels, Fa2BackwardMatchesOracle) {
 }
 
 TEST(CpuModels, RowsWithoutKeysGetZeroAndInfinity) {
-  const HostProblem p = random_problem(shape_of(1, 1, 1, 9, 4, 8, true), 2);
+  const HostProblem p = make_problem(make_shape(1, 1, 1, 9, 4, 8, true), InputSpec{2});
   for (const ForwardResult& r : {standard_forward(p), fa1_forward(p, 3, 2), fa2_forward(p, 3, 2)}) {
     for (int i = 0; i < 5; ++i) {
       EXPECT_EQ(r.lse[i], INFINITY) << i;
@@ -143,7 +123,7 @@ TEST(CpuModels, RowsWithoutKeysGetZeroAndInfinity) {
 }
 
 TEST(CpuModels, RejectsBadBlocks) {
-  const HostProblem p = random_problem(shape_of(1, 1, 1, 4, 4, 4, false));
+  const HostProblem p = make_problem(make_shape(1, 1, 1, 4, 4, 4, false), InputSpec{});
   EXPECT_THROW(fa1_forward(p, 0, 4), std::invalid_argument);
   EXPECT_THROW(fa2_forward(p, 4, -1), std::invalid_argument);
 }
@@ -207,7 +187,7 @@ void expect_io(const IoCount& got, const IoCount& want, const std::string& what)
 
 TEST(IoCount, ModelsMatchClosedForms) {
   for (const Case& c : model_cases()) {
-    const HostProblem p = random_problem(c.shape);
+    const HostProblem p = make_problem(c.shape, InputSpec{});
     expect_io(standard_forward(p).io, standard_io(c.shape), std::string(c.name) + " standard");
     for (const auto& blocks : kBlocks) {
       const int br = blocks[0], bc = blocks[1];
@@ -224,7 +204,7 @@ TEST(IoCount, ModelsMatchClosedForms) {
 
 // Hand check of one closed form: B=H=1, Nq=Nk=8, d=2, B_r=B_c=4, no mask.
 TEST(IoCount, HandCountedFa2Forward) {
-  const HostProblem p = random_problem(shape_of(1, 1, 1, 8, 8, 2, false));
+  const HostProblem p = make_problem(make_shape(1, 1, 1, 8, 8, 2, false), InputSpec{});
   const IoCount io = fa2_forward(p, 4, 4).io;
   EXPECT_EQ(io.reads, 8 * 2 + 2 * (2 * 8 * 2));  // Q once; K and V once per Q block (2 blocks)
   EXPECT_EQ(io.writes, 8 * 2 + 8);               // O and L
@@ -233,10 +213,10 @@ TEST(IoCount, HandCountedFa2Forward) {
 
 // Causal skipping: the FA-2 models move fewer elements with the mask than without.
 TEST(IoCount, CausalSkipsBlocksInFa2) {
-  const ProblemShape dense = shape_of(1, 1, 1, 64, 64, 8, false);
+  const ProblemShape dense = make_shape(1, 1, 1, 64, 64, 8, false);
   ProblemShape causal = dense;
   causal.causal = true;
-  const HostProblem pd = random_problem(dense), pc = random_problem(causal);
+  const HostProblem pd = make_problem(dense, InputSpec{}), pc = make_problem(causal, InputSpec{});
   EXPECT_LT(fa2_forward(pc, 16, 16).io.reads, fa2_forward(pd, 16, 16).io.reads);
   EXPECT_LT(fa2_backward(pc, fa2_forward(pc, 16, 16), 16, 16).io.total(),
             fa2_backward(pd, fa2_forward(pd, 16, 16), 16, 16).io.total());
@@ -245,8 +225,8 @@ TEST(IoCount, CausalSkipsBlocksInFa2) {
 
 // Standard attention's IO grows with N^2 (S and P); FA-2's with N^2 d / B_r, far less.
 TEST(IoCount, StandardGrowsQuadratically) {
-  const HostProblem small = random_problem(shape_of(1, 1, 1, 128, 128, 16, false));
-  const HostProblem large = random_problem(shape_of(1, 1, 1, 256, 256, 16, false));
+  const HostProblem small = make_problem(make_shape(1, 1, 1, 128, 128, 16, false), InputSpec{});
+  const HostProblem large = make_problem(make_shape(1, 1, 1, 256, 256, 16, false), InputSpec{});
   const double ratio = static_cast<double>(standard_forward(large).io.total()) /
                        static_cast<double>(standard_forward(small).io.total());
   EXPECT_GT(ratio, 3.5);
@@ -256,7 +236,7 @@ TEST(IoCount, StandardGrowsQuadratically) {
 // The papers' point, in numbers: N = 1024, d = 64 with realistic blocks (FA-1: B_c = B_r = 64,
 // what Algorithm 1 line 1 gives for ~64 KB of SRAM; FA-2: 128 x 64).
 TEST(IoCount, FlashAttentionMovesLessThanStandard) {
-  const HostProblem p = random_problem(shape_of(1, 1, 1, 1024, 1024, 64, false));
+  const HostProblem p = make_problem(make_shape(1, 1, 1, 1024, 1024, 64, false), InputSpec{});
   const int64_t standard = standard_forward(p).io.total();
   const int64_t fa1 = fa1_forward(p, 64, 64).io.total();
   const int64_t fa2 = fa2_forward(p, 128, 64).io.total();

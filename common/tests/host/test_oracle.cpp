@@ -14,31 +14,11 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-ProblemShape shape_of(int batch, int heads, int heads_kv, int seqlen_q, int seqlen_k, int head_dim,
-                      bool causal) {
-  ProblemShape s;
-  s.batch = batch;
-  s.heads = heads;
-  s.heads_kv = heads_kv;
-  s.seqlen_q = seqlen_q;
-  s.seqlen_k = seqlen_k;
-  s.head_dim = head_dim;
-  s.causal = causal;
-  return s;
-}
-
-HostProblem random_problem(const ProblemShape& s, uint64_t seed = 1, float magnitude = 1.f) {
-  InputSpec spec;
-  spec.seed = seed;
-  spec.magnitude = magnitude;
-  return make_problem(s, spec);
-}
-
 // With every key row equal, every visible score of a row is equal: O is the plain mean of the
 // visible V rows, and L = S + log(#visible).
 TEST(ReferenceForward, UniformKeysAverageVisibleValues) {
   for (bool causal : {false, true}) {
-    HostProblem p = random_problem(shape_of(1, 1, 1, 6, 6, 4, causal));
+    HostProblem p = make_problem(make_shape(1, 1, 1, 6, 6, 4, causal), InputSpec{});
     for (int j = 1; j < 6; ++j)
       for (int c = 0; c < 4; ++c) p.k[p.kv_index(0, j, 0, c)] = p.k[p.kv_index(0, 0, 0, c)];
     const ForwardRef ref = reference_forward(p, all_q_rows(p.shape));
@@ -60,7 +40,7 @@ TEST(ReferenceForward, UniformKeysAverageVisibleValues) {
 
 // One key with a huge score takes all the weight: O is that key's V row.
 TEST(ReferenceForward, OneHotScorePicksThatValue) {
-  HostProblem p = random_problem(shape_of(1, 1, 1, 1, 5, 4, false));
+  HostProblem p = make_problem(make_shape(1, 1, 1, 1, 5, 4, false), InputSpec{});
   std::fill(p.q.begin(), p.q.end(), 0.f);
   std::fill(p.k.begin(), p.k.end(), 0.f);
   p.q[0] = 1.f;
@@ -71,7 +51,7 @@ TEST(ReferenceForward, OneHotScorePicksThatValue) {
 }
 
 TEST(ReferenceForward, CausalFirstRowSeesOnlyFirstKey) {
-  const HostProblem p = random_problem(shape_of(1, 2, 2, 5, 5, 8, true));
+  const HostProblem p = make_problem(make_shape(1, 2, 2, 5, 5, 8, true), InputSpec{});
   const ForwardRef ref = reference_forward(p, {{0, 1, 0}});
   double s00 = 0;
   for (int c = 0; c < 8; ++c)
@@ -83,7 +63,7 @@ TEST(ReferenceForward, CausalFirstRowSeesOnlyFirstKey) {
 
 // Nq > Nk, bottom-right aligned: the first Nq - Nk rows see no key.
 TEST(ReferenceForward, CausalRowsWithoutKeysGetZeroAndInfinity) {
-  const HostProblem p = random_problem(shape_of(1, 1, 1, 5, 3, 4, true));
+  const HostProblem p = make_problem(make_shape(1, 1, 1, 5, 3, 4, true), InputSpec{});
   const ForwardRef ref = reference_forward(p, all_q_rows(p.shape));
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(ref.lse[i], kInf) << i;
@@ -93,7 +73,7 @@ TEST(ReferenceForward, CausalRowsWithoutKeysGetZeroAndInfinity) {
   for (int c = 0; c < 4; ++c) EXPECT_DOUBLE_EQ(ref.o[2 * 4 + c], p.v[p.kv_index(0, 0, 0, c)]);
   EXPECT_TRUE(std::isfinite(ref.lse[4]));
   // Nq < Nk: row 0 sees Nk - Nq + 1 keys.
-  HostProblem wide = random_problem(shape_of(1, 1, 1, 2, 5, 4, true));
+  HostProblem wide = make_problem(make_shape(1, 1, 1, 2, 5, 4, true), InputSpec{});
   for (int j = 1; j < 5; ++j)
     for (int c = 0; c < 4; ++c)
       wide.k[wide.kv_index(0, j, 0, c)] = wide.k[wide.kv_index(0, 0, 0, c)];
@@ -106,9 +86,9 @@ TEST(ReferenceForward, CausalRowsWithoutKeysGetZeroAndInfinity) {
 // L by hand on B=1, H=1, Nq=2, Nk=3, d=2 with scale 0.5.
 TEST(ReferenceForward, LogSumExpByHand) {
   for (bool causal : {false, true}) {
-    ProblemShape s = shape_of(1, 1, 1, 2, 3, 2, causal);
+    ProblemShape s = make_shape(1, 1, 1, 2, 3, 2, causal);
     s.scale = 0.5f;
-    HostProblem p = random_problem(s);
+    HostProblem p = make_problem(s, InputSpec{});
     p.q = {1, 0, /**/ 0, 2};
     p.k = {1, 1, /**/ 0, 1, /**/ -1, 0};
     p.v = {1, 0, /**/ 0, 1, /**/ 1, 1};
@@ -128,7 +108,7 @@ TEST(ReferenceForward, LogSumExpByHand) {
 // GQA: query head h reads key/value head h / (H / Hkv). A problem with H=4, Hkv=2 equals the
 // MHA problem whose kv heads are (0, 0, 1, 1) copies, and its dK, dV are the group sums.
 TEST(ReferenceForwardBackward, GroupedQueryHeadMapping) {
-  const HostProblem gqa = random_problem(shape_of(2, 4, 2, 5, 6, 4, true), 9);
+  const HostProblem gqa = make_problem(make_shape(2, 4, 2, 5, 6, 4, true), InputSpec{9});
   HostProblem mha = gqa;
   mha.shape.heads_kv = 4;
   mha.k.assign(gqa.k.size() * 2, 0.f);
@@ -165,7 +145,7 @@ TEST(ReferenceForwardBackward, GroupedQueryHeadMapping) {
 }
 
 TEST(ReferenceForward, SampledRowsMatchAllRows) {
-  const HostProblem p = random_problem(shape_of(2, 3, 1, 40, 30, 8, true), 5, 4.f);
+  const HostProblem p = make_problem(make_shape(2, 3, 1, 40, 30, 8, true), InputSpec{5, 4.f});
   const ForwardRef all = reference_forward(p, all_q_rows(p.shape));
   const std::vector<RowId> rows = sample_q_rows(p.shape, 25, 11);
   const ForwardRef some = reference_forward(p, rows);
@@ -178,7 +158,7 @@ TEST(ReferenceForward, SampledRowsMatchAllRows) {
 
 // Large scores (magnitude 100 inputs) must not overflow the fp64 exponentials.
 TEST(ReferenceForward, LargeMagnitudeStaysFinite) {
-  const HostProblem p = random_problem(shape_of(1, 2, 2, 16, 16, 32, false), 3, 100.f);
+  const HostProblem p = make_problem(make_shape(1, 2, 2, 16, 16, 32, false), InputSpec{3, 100.f});
   const ForwardRef ref = reference_forward(p, all_q_rows(p.shape));
   for (double x : ref.o) ASSERT_TRUE(std::isfinite(x));
   for (double x : ref.lse) ASSERT_TRUE(std::isfinite(x));
@@ -210,7 +190,7 @@ double numeric_gradient(HostProblem& p, std::vector<float>& tensor, size_t at) {
 TEST(ReferenceBackward, MatchesFiniteDifferences) {
   for (auto [n_q, n_k, causal] :
        {std::tuple{3, 5, false}, std::tuple{3, 5, true}, std::tuple{5, 3, true}}) {
-    HostProblem p = random_problem(shape_of(1, 2, 1, n_q, n_k, 4, causal), 17, 1.5f);
+    HostProblem p = make_problem(make_shape(1, 2, 1, n_q, n_k, 4, causal), InputSpec{17, 1.5f});
     const BackwardRef ref = reference_backward(p, all_q_rows(p.shape), all_kv_rows(p.shape));
     double max_grad = 0, max_err = 0;
     // q rows are ordered (b, h, s); kv rows (b, kv head, s).
@@ -244,7 +224,7 @@ TEST(ReferenceBackward, MatchesFiniteDifferences) {
 
 // Backward on sampled rows equals the same rows of the full backward.
 TEST(ReferenceBackward, SampledRowsMatchAllRows) {
-  const HostProblem p = random_problem(shape_of(2, 4, 2, 13, 17, 8, true), 23);
+  const HostProblem p = make_problem(make_shape(2, 4, 2, 13, 17, 8, true), InputSpec{23});
   const BackwardRef all = reference_backward(p, all_q_rows(p.shape), all_kv_rows(p.shape));
   const std::vector<RowId> q_rows = sample_q_rows(p.shape, 10, 1);
   const std::vector<RowId> kv_rows = sample_kv_rows(p.shape, 9, 2);
@@ -263,7 +243,7 @@ TEST(ReferenceBackward, SampledRowsMatchAllRows) {
 }
 
 TEST(SampleRows, IncludesEndsIsDeterministicAndSpread) {
-  const ProblemShape s = shape_of(2, 8, 2, 1000, 700, 64, false);
+  const ProblemShape s = make_shape(2, 8, 2, 1000, 700, 64, false);
   const std::vector<RowId> rows = sample_q_rows(s, 64, 5);
   ASSERT_EQ(rows.size(), 64u);
   std::set<std::tuple<int, int, int>> unique;
@@ -307,7 +287,7 @@ TEST(SampleRows, IncludesEndsIsDeterministicAndSpread) {
 }
 
 TEST(SampleRows, AllRowsWhenCountIsLarge) {
-  const ProblemShape s = shape_of(2, 3, 1, 5, 4, 8, false);
+  const ProblemShape s = make_shape(2, 3, 1, 5, 4, 8, false);
   const std::vector<RowId> all = all_q_rows(s);
   ASSERT_EQ(all.size(), 30u);
   EXPECT_EQ(all.front().s, 0);
@@ -328,14 +308,7 @@ namespace fa {
 namespace {
 
 TEST(OracleMagnitudes, BoundEveryGradientFromAbove) {
-  ProblemShape s;
-  s.batch = 1;
-  s.heads = 4;
-  s.heads_kv = 2;
-  s.seqlen_q = 9;
-  s.seqlen_k = 13;
-  s.head_dim = 8;
-  s.causal = true;
+  const ProblemShape s = make_shape(1, 4, 2, 9, 13, 8, true);
   const HostProblem p = make_problem(s, InputSpec{5});
   const BackwardRef ref = reference_backward(p, all_q_rows(s), all_kv_rows(s));
   ASSERT_EQ(ref.dq_mag.size(), ref.dq.size());

@@ -118,30 +118,31 @@ TEST(ProblemShape, ScaleAndDescribe) {
   EXPECT_FLOAT_EQ(s.effective_scale(), 0.125f);
   s.scale = 0.3f;
   EXPECT_FLOAT_EQ(s.effective_scale(), 0.3f);
-  s = ProblemShape{};
-  s.batch = 1;
-  s.heads = 16;
-  s.heads_kv = 16;
-  s.seqlen_q = 4096;
-  s.seqlen_k = 4096;
-  s.head_dim = 128;
-  s.causal = true;
+  s = make_shape(1, 16, 16, 4096, 4096, 128, true);
   EXPECT_EQ(s.describe(), "B=1 H=16/16 Nq=4096 Nk=4096 d=128 fp16 causal");
   s.causal = false;
   s.dtype = FA_BF16;
   EXPECT_EQ(s.describe(), "B=1 H=16/16 Nq=4096 Nk=4096 d=128 bf16");
 }
 
+TEST(ProblemShape, MakeShapeSetsEveryField) {
+  const ProblemShape s = make_shape(2, 12, 4, 100, 77, 64, true, FA_BF16);
+  EXPECT_EQ(s.batch, 2);
+  EXPECT_EQ(s.heads, 12);
+  EXPECT_EQ(s.heads_kv, 4);
+  EXPECT_EQ(s.seqlen_q, 100);
+  EXPECT_EQ(s.seqlen_k, 77);
+  EXPECT_EQ(s.head_dim, 64);
+  EXPECT_TRUE(s.causal);
+  EXPECT_EQ(s.dtype, FA_BF16);
+  EXPECT_EQ(s.scale, 0.f);  // the usual 1/sqrt(d)
+  const ProblemShape plain = make_shape(1, 2, 2, 3, 3, 8);
+  EXPECT_FALSE(plain.causal);
+  EXPECT_EQ(plain.dtype, FA_FP16);
+}
+
 ProblemShape small_shape(fa_dtype dtype = FA_FP16) {
-  ProblemShape s;
-  s.dtype = dtype;
-  s.batch = 2;
-  s.heads = 4;
-  s.heads_kv = 2;
-  s.seqlen_q = 7;
-  s.seqlen_k = 9;
-  s.head_dim = 16;
-  return s;
+  return make_shape(2, 4, 2, 7, 9, 16, false, dtype);
 }
 
 TEST(HostProblem, Indexing) {

@@ -60,36 +60,38 @@ void free_tensor(DeviceTensor* t) {
   t->data = nullptr;
 }
 
-/// Copies a contiguous host tensor [batch, seqlen, heads, d] into the strided device tensor.
-void upload(const DeviceTensor& t, const std::vector<float>& host, fa_dtype dtype, int batch,
-            int seqlen, int heads, int d) {
-  std::vector<uint16_t> staged(t.elements, kNanBits);
+/// Calls fn(contiguous index, strided index) for every element of a [batch, seqlen, heads, d]
+/// tensor: element i of the contiguous host copy lives at the strided index on the device.
+template <typename Fn>
+void for_each_element(const fa_tensor& view, int batch, int seqlen, int heads, int d, Fn fn) {
   size_t i = 0;
   for (int b = 0; b < batch; ++b)
     for (int s = 0; s < seqlen; ++s)
       for (int h = 0; h < heads; ++h) {
-        const size_t base =
-            b * t.view.batch_stride + s * t.view.row_stride + h * t.view.head_stride;
-        for (int c = 0; c < d; ++c) staged[base + c] = to_bits(dtype, host[i++]);
+        const size_t base = b * view.batch_stride + s * view.row_stride + h * view.head_stride;
+        for (int c = 0; c < d; ++c) fn(i++, base + c);
       }
+}
+
+/// Copies a contiguous host tensor [batch, seqlen, heads, d] into the strided device tensor.
+void upload(const DeviceTensor& t, const std::vector<float>& host, fa_dtype dtype, int batch,
+            int seqlen, int heads, int d) {
+  std::vector<uint16_t> staged(t.elements, kNanBits);
+  for_each_element(t.view, batch, seqlen, heads, d,
+                   [&](size_t i, size_t at) { staged[at] = to_bits(dtype, host[i]); });
   cuda_check(cudaMemcpy(t.data, staged.data(), t.elements * 2, cudaMemcpyHostToDevice),
              "cudaMemcpy (upload)");
 }
 
+/// Copies the strided device tensor back as a contiguous [batch, seqlen, heads, d] array.
 std::vector<float> download(const DeviceTensor& t, fa_dtype dtype, int batch, int seqlen, int heads,
                             int d) {
   std::vector<uint16_t> staged(t.elements);
   cuda_check(cudaMemcpy(staged.data(), t.data, t.elements * 2, cudaMemcpyDeviceToHost),
              "cudaMemcpy (download)");
   std::vector<float> out(static_cast<size_t>(batch) * seqlen * heads * d);
-  size_t i = 0;
-  for (int b = 0; b < batch; ++b)
-    for (int s = 0; s < seqlen; ++s)
-      for (int h = 0; h < heads; ++h) {
-        const size_t base =
-            b * t.view.batch_stride + s * t.view.row_stride + h * t.view.head_stride;
-        for (int c = 0; c < d; ++c) out[i++] = from_bits(dtype, staged[base + c]);
-      }
+  for_each_element(t.view, batch, seqlen, heads, d,
+                   [&](size_t i, size_t at) { out[i] = from_bits(dtype, staged[at]); });
   return out;
 }
 

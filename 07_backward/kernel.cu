@@ -567,42 +567,83 @@ bool supports_head_dim(int d) {
 /// \f$\log_2 e\f$: \f$e^x = 2^{x \log_2 e}\f$, so every exponential is one FFMA and one ex2.
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Tuning knob: unroll of the k loop of the fused S^T / dP^T product (NOTES.md: registers).
+#ifndef FA_BWD_ABT_UNROLL
+#define FA_BWD_ABT_UNROLL 4
+#endif
+constexpr int kAbtUnroll = FA_BWD_ABT_UNROLL;
+
 /// Rows of the padded per-row scratch (lse in base 2, D): seqlen_q rounded up to a multiple of
 /// every backward q_block, so that a q_block's rows of it load without bounds checks.
-constexpr int kRowPad = 64;
+constexpr int kRowPad = 128;
 
 /// Tile shape of the main backward kernel per head dimension: \f$B_c\f$ (kBlockN) keys of the
-/// kv_block a thread block owns, \f$B_r\f$ (kBlockM) query rows per q_block, 8 warps arranged
-/// kWarpsN (keys, 16 each) x kWarpsM (queries), kStagesDo dO buffers. FlashAttention-2 uses
-/// the same \f$B_r \times B_c\f$ on GPUs with 99 KB of shared memory per block.
-template <int kHeadDim>
+/// kv_block a thread block owns, \f$B_r\f$ (kBlockM) query rows per q_block, 8 warps,
+/// kStagesDo dO buffers. `kLargeSmem` is the shape for GPUs with more shared memory per block
+/// (A100, H100, H200: 161 KiB at d = 128, 130 KiB at d = 64); the other fits the 99 KB of
+/// every sm_80+ GPU and is picked at run time where the large one does not fit. Two ways to
+/// reach \f$P^T dO\f$ and \f$dS^T Q\f$ (kPtInSmem, see the kernel; measured in NOTES.md: P
+/// through shared memory pays at d = 128, not at d = 64):
+/// - P in registers (small shapes): warps kWarpsN (keys, 16 each) x kWarpsM (queries); a warp
+///   walks its queries in slices of kSliceCols, and its packed \f$S^T\f$/\f$dP^T\f$ fragments
+///   are the A operands of \f$dV\f$, \f$dK\f$ for its 16 keys over all of d.
+/// - P through shared memory (large shapes, FlashAttention-2's layout): warps 4 (keys, 32
+///   each) x 2 (queries) compute \f$S^T\f$, \f$dP^T\f$ and store \f$P^T\f$, \f$dS^T\f$; then
+///   warps 4 (keys, 32 each) x 2 (head-dim halves) read them back for \f$dV\f$, \f$dK\f$. Every
+///   fragment a warp loads then feeds two or more mmas (less shared-memory traffic per FLOP).
+template <int kHeadDim, bool kLargeSmem>
 struct BwdTileShape;
 template <>
-struct BwdTileShape<64> {
-  static constexpr int kBlockM = 64, kBlockN = 128, kWarpsN = 8, kStagesDo = 2;
+struct BwdTileShape<64, false> {
+  static constexpr int kBlockM = 64, kBlockN = 128, kWarpsN = 8, kSliceCols = 64, kStagesDo = 2;
+  static constexpr bool kPtInSmem = false;
 };
 template <>
-struct BwdTileShape<128> {
-  static constexpr int kBlockM = 64, kBlockN = 64, kWarpsN = 4, kStagesDo = 1;
+struct BwdTileShape<64, true> {
+  static constexpr int kBlockM = 128, kBlockN = 128, kWarpsN = 8, kSliceCols = 64, kStagesDo = 2;
+  static constexpr bool kPtInSmem = false;
+};
+template <>
+struct BwdTileShape<128, false> {
+  static constexpr int kBlockM = 64, kBlockN = 64, kWarpsN = 4, kSliceCols = 32, kStagesDo = 1;
+  static constexpr bool kPtInSmem = false;
+};
+template <>
+struct BwdTileShape<128, true> {
+  static constexpr int kBlockM = 64, kBlockN = 128, kWarpsN = 4, kSliceCols = 32, kStagesDo = 2;
+  static constexpr bool kPtInSmem = true;
 };
 
 /// Every size the main backward kernel derives from its tile shape. Shared memory: K_j, V_j,
-/// two Q buffers, kStagesDo dO buffers, \f$dS^T\f$ (\f$B_c \times B_r\f$) and, per Q buffer,
-/// the q_block's lse and D: 82,944 bytes (d = 64) and 91,136 bytes (d = 128), within the
-/// 99 KB of every sm_80+ GPU. The epilogue reuses it to stage dK and dV in fp32.
-template <int kHeadDim_>
+/// two Q buffers, kStagesDo dO buffers, \f$dS^T\f$ (\f$B_c \times B_r\f$), \f$P^T\f$ (same,
+/// kPtInSmem only) and, per Q buffer, the q_block's lse and D. The epilogue reuses it to
+/// stage dK and dV in fp32.
+template <int kHeadDim_, bool kLargeSmem_>
 struct BwdTraits {
+  using Shape = BwdTileShape<kHeadDim_, kLargeSmem_>;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = BwdTileShape<kHeadDim>::kBlockM;  ///< \f$B_r\f$, query rows
-  static constexpr int kBlockN = BwdTileShape<kHeadDim>::kBlockN;  ///< \f$B_c\f$, key rows
-  static constexpr int kStagesDo = BwdTileShape<kHeadDim>::kStagesDo;
+  static constexpr bool kLargeSmem = kLargeSmem_;
+  static constexpr bool kPtInSmem = Shape::kPtInSmem;
+  static constexpr int kBlockM = Shape::kBlockM;  ///< \f$B_r\f$, query rows
+  static constexpr int kBlockN = Shape::kBlockN;  ///< \f$B_c\f$, key rows
+  static constexpr int kStagesDo = Shape::kStagesDo;
   static constexpr int kNumWarps = 8;
   static constexpr int kNumThreads = 32 * kNumWarps;
-  static constexpr int kWarpsN = BwdTileShape<kHeadDim>::kWarpsN;  ///< warps along the keys
-  static constexpr int kWarpsM = kNumWarps / kWarpsN;              ///< warps along the queries
-  static constexpr int kWarpCols = kBlockM / kWarpsM;  ///< queries of one warp's S^T slice
-  static constexpr int kNTilesS = kWarpCols / 8;       ///< n8 tiles of S^T (queries)
-  static constexpr int kNTilesD = kHeadDim / 8;        ///< n8 tiles of dK, dV (head dim)
+  // S^T and dP^T: warps kWarpsN (keys) x kWarpsM (queries), kSMTiles m16 tiles of keys each.
+  static constexpr int kWarpsN = Shape::kWarpsN;             ///< warps along the keys
+  static constexpr int kWarpsM = kNumWarps / kWarpsN;        ///< warps along the queries
+  static constexpr int kSMTiles = kBlockN / (16 * kWarpsN);  ///< m16 tiles (keys) of a warp
+  static constexpr int kWarpCols = kBlockM / kWarpsM;        ///< queries of one warp per q_block
+  static constexpr int kSliceCols = kPtInSmem ? kWarpCols : Shape::kSliceCols;
+  static constexpr int kSlices = kWarpCols / kSliceCols;
+  static constexpr int kNTilesS = kSliceCols / 8;  ///< n8 tiles of an S^T slice (queries)
+  static constexpr int kNTilesD = kHeadDim / 8;    ///< n8 tiles of dK, dV (head dim)
+  // dV, dK accumulators of a warp: kKvMTiles m16 tiles of keys x kKvNTiles n8 tiles of the
+  // head dim; kKvParts warps hold partial sums of the same elements (over their queries).
+  static constexpr int kKvMTiles = kPtInSmem ? 2 : 1;
+  static constexpr int kKvWarpsD = kPtInSmem ? kNumWarps / (kBlockN / 32) : 1;
+  static constexpr int kKvNTiles = kNTilesD / kKvWarpsD;
+  static constexpr int kKvParts = kPtInSmem ? 1 : kWarpsM;
   static constexpr int kRowBytes = kHeadDim * 2;
   static constexpr int kChunksPerRow = kHeadDim / 8;
   static constexpr int kQBytes = kBlockM * kRowBytes;  ///< one Q or dO tile
@@ -613,23 +654,39 @@ struct BwdTraits {
   static constexpr int kOffQ = 2 * kKBytes;
   static constexpr int kOffDo = kOffQ + 2 * kQBytes;
   static constexpr int kOffDs = kOffDo + kStagesDo * kQBytes;
-  static constexpr int kOffLse = kOffDs + kDsBytes;
+  static constexpr int kOffPt = kOffDs + kDsBytes;
+  static constexpr int kOffLse = kOffPt + (kPtInSmem ? kDsBytes : 0);
   static constexpr int kOffD = kOffLse + 2 * kStatBytes;
   static constexpr int kStageStride = kHeadDim + 8;  ///< fp32 staging row, padded
   static constexpr int kSmemMain = kOffD + 2 * kStatBytes;
-  static constexpr int kSmemEpilogue = 4 * kWarpsM * kBlockN * kStageStride;
+  static constexpr int kSmemEpilogue = 4 * kKvParts * kBlockN * kStageStride;
   static constexpr int kSmemBytes = kSmemMain > kSmemEpilogue ? kSmemMain : kSmemEpilogue;
-  // dQ = dS K_j: warps split the q_block into 16-row x kDqCols slices, 32 columns per pass.
-  static constexpr int kDqWarpsM = kBlockM / 16;
+  // dQ = dS K_j: warp w computes query rows 32 (w % kDqWarpsM) + [0, 32) (two m16 tiles) and
+  // kDqCols head-dim columns, so that each ldmatrix of K feeds two mmas.
+  static constexpr int kDqWarpsM = kBlockM / 32;
   static constexpr int kDqCols = kHeadDim / (kNumWarps / kDqWarpsM);
-  static constexpr int kDqPassCols = 32;
 
-  static_assert(kBlockN == 16 * kWarpsN, "each warp owns 16 keys (one m16 tile) of S^T");
-  static_assert(kWarpCols % 16 == 0, "a warp's queries are whole k16 steps of P^T dO");
-  static_assert(kDqCols % kDqPassCols == 0, "dQ columns come in whole passes");
+  static_assert(kSMTiles == (kPtInSmem ? 2 : 1), "16 keys per warp, or 32 with P in smem");
+  static_assert(!kPtInSmem || kStagesDo == 2, "dO_i is read until the end of the q_block");
+  static_assert(!kPtInSmem || kSlices == 1,
+                "with P in shared memory a warp's queries are one tile");
+  static_assert(kWarpCols % kSliceCols == 0 && kSliceCols % 16 == 0,
+                "a warp's queries are whole slices of whole k16 steps of P^T dO");
+  static_assert(kKvNTiles % 2 == 0 && kDqCols % 16 == 0, "n8 tiles come in pairs");
   static_assert(kNumThreads % kChunksPerRow == 0, "a thread copies one column of chunks");
-  static_assert(kSmemBytes <= 99 * 1024, "fits every sm_80+ GPU");
+  static_assert(kRowPad % kBlockM == 0, "the padded scratch covers whole q_blocks");
+  static_assert(kSmemBytes <= (kLargeSmem ? 163 : 99) * 1024, "fits the GPUs it is built for");
 };
+
+/// The large shape where it differs from the small one and the GPU has the shared memory.
+template <int kHeadDim>
+constexpr bool kHasLargeBwdShape =
+    BwdTraits<kHeadDim, true>::kBlockM != BwdTraits<kHeadDim, false>::kBlockM ||
+    BwdTraits<kHeadDim, true>::kBlockN != BwdTraits<kHeadDim, false>::kBlockN ||
+    BwdTraits<kHeadDim, true>::kStagesDo != BwdTraits<kHeadDim, false>::kStagesDo ||
+    BwdTraits<kHeadDim, true>::kWarpsN != BwdTraits<kHeadDim, false>::kWarpsN ||
+    BwdTraits<kHeadDim, true>::kSliceCols != BwdTraits<kHeadDim, false>::kSliceCols ||
+    BwdTraits<kHeadDim, true>::kPtInSmem != BwdTraits<kHeadDim, false>::kPtInSmem;
 
 /// Row layout of the \f$dS^T\f$ tile ([kBlockN keys][kBlockM queries], 2-byte elements) for
 /// the swizzle and fragment helpers above.
@@ -724,6 +781,135 @@ __device__ __forceinline__ void mma_abt(float (&acc)[kNTiles][4], const char* a_
   }
 }
 
+/// Two products of mma_abt's form over the same rows in one k loop: \f$S^T = K Q^T\f$ and
+/// \f$dP^T = V dO^T\f$ for the same keys (A rows a_row0..) and queries (B rows b_row0..). Each
+/// k step then issues 2 kNTiles independent mmas (the two chains hide each other's latency)
+/// and the four ldmatrix of a k step are in flight together. Both accumulators start at zero.
+template <class Tr, int kNTiles, typename T>
+__device__ __forceinline__ void mma_abt_pair(float (&acc0)[kNTiles][4], float (&acc1)[kNTiles][4],
+                                             const char* a0_tile, const char* a1_tile, int a_row0,
+                                             const char* b0_tile, const char* b1_tile, int b_row0,
+                                             int lane) {
+  const uint32_t a_offset = a_lane_offset<Tr>(lane);
+  const uint32_t b_offset = b_lane_offset<Tr>(lane);
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc0[nt][e] = acc1[nt][e] = 0.f;
+#pragma unroll(kAbtUnroll)
+  for (int k_step = 0; k_step < Tr::kHeadDim / 16; ++k_step) {
+    uint32_t a0_frag[4], a1_frag[4];
+    load_a_fragment<Tr>(a0_frag, a0_tile, a_offset, a_row0, k_step);
+    load_a_fragment<Tr>(a1_frag, a1_tile, a_offset, a_row0, k_step);
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; nt += 2) {
+      uint32_t b0_frag[2][2], b1_frag[2][2];
+      load_b_fragments<Tr>(b0_frag, b0_tile, b_offset, b_row0 + 8 * nt, k_step);
+      load_b_fragments<Tr>(b1_frag, b1_tile, b_offset, b_row0 + 8 * nt, k_step);
+      fa::mma_m16n8k16<T>(acc0[nt], a0_frag, b0_frag[0]);
+      fa::mma_m16n8k16<T>(acc1[nt], a1_frag, b1_frag[0]);
+      fa::mma_m16n8k16<T>(acc0[nt + 1], a0_frag, b0_frag[1]);
+      fa::mma_m16n8k16<T>(acc1[nt + 1], a1_frag, b1_frag[1]);
+    }
+  }
+}
+
+/// \f$C = A B^T\f$ as mma_abt, for a warp tile of kMTiles m16 tiles (A rows a_row0 + 16 mt)
+/// by kNTiles n8 tiles (B rows b_row0 + 8 nt): every B fragment feeds kMTiles mmas and every
+/// A fragment kNTiles. `acc` starts at zero.
+template <class Tr, int kMTiles, int kNTiles, typename T>
+__device__ __forceinline__ void mma_abt_tile(float (&acc)[kMTiles][kNTiles][4], const char* a_tile,
+                                             int a_row0, const char* b_tile, int b_row0, int lane) {
+  const uint32_t a_offset = a_lane_offset<Tr>(lane);
+  const uint32_t b_offset = b_lane_offset<Tr>(lane);
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+#pragma unroll(kAbtUnroll)
+  for (int k_step = 0; k_step < Tr::kHeadDim / 16; ++k_step) {
+    uint32_t a_frag[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+      load_a_fragment<Tr>(a_frag[mt], a_tile, a_offset, a_row0 + 16 * mt, k_step);
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; nt += 2) {
+      uint32_t b_frag[2][2];
+      load_b_fragments<Tr>(b_frag, b_tile, b_offset, b_row0 + 8 * nt, k_step);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        fa::mma_m16n8k16<T>(acc[mt][nt], a_frag[mt], b_frag[0]);
+        fa::mma_m16n8k16<T>(acc[mt][nt + 1], a_frag[mt], b_frag[1]);
+      }
+    }
+  }
+}
+
+/// \f$C \mathrel{+}= A B\f$ for a warp tile of two m16 tiles, both operands from shared memory:
+/// A = rows [a_row0, a_row0 + 32) of a [key][query] tile (\f$P^T\f$ or \f$dS^T\f$, layout Ds),
+/// k running along its kBlockM queries (ldmatrix); B = the q_block's dO or Q tile, head-dim
+/// columns [col0, col0 + 8 kNTiles), k down its rows (ldmatrix.trans, as V in the forward).
+template <class Tr, class Ds, int kNTiles, typename T>
+__device__ __forceinline__ void mma_smem_ab(float (&acc)[2][kNTiles][4], const char* a_tile,
+                                            int a_row0, const char* b_tile, int col0, int lane) {
+  const uint32_t a_offset = a_lane_offset<Ds>(lane);
+  const uint32_t b_offset = a_lane_offset<Tr>(lane);  // the .trans B pattern is A's
+#pragma unroll
+  for (int kt = 0; kt < Tr::kBlockM / 16; ++kt) {
+    uint32_t a_frag[2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+      load_a_fragment<Ds>(a_frag[mt], a_tile, a_offset, a_row0 + 16 * mt, kt);
+#pragma unroll
+    for (int nd = 0; nd < kNTiles; nd += 2) {
+      uint32_t b_frag[2][2];
+      load_b_fragments_trans<Tr>(b_frag, b_tile, b_offset, kt, col0 + 8 * nd);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        fa::mma_m16n8k16<T>(acc[mt][nd], a_frag[mt], b_frag[0]);
+        fa::mma_m16n8k16<T>(acc[mt][nd + 1], a_frag[mt], b_frag[1]);
+      }
+    }
+  }
+}
+
+/// \f$dQ_w = dS_w K_j\f$ for one warp: query rows [row0, row0 + 32) (two m16 tiles) and
+/// head-dim columns [col0, col0 + 8 kNTiles), summed over the kBlockN keys of the kv_block.
+/// A = dS, read from the \f$dS^T\f$ tile ([key][query]) with ldmatrix.trans; B = K_j, k down
+/// its rows, with ldmatrix.trans as V in the forward. Each K fragment feeds both m16 tiles.
+template <class Tr, class Ds, int kNTiles, typename T>
+__device__ __forceinline__ void mma_ds_k(float (&acc)[2][kNTiles][4], const char* ds_tile, int row0,
+                                         const char* k_tile, int col0, int lane) {
+  const uint32_t ds_offset = b_lane_offset<Ds>(lane);  // 8x8 blocks (keys, queries), transposed
+  const uint32_t k_offset = a_lane_offset<Tr>(lane);   // the .trans B pattern is A's
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nd = 0; nd < kNTiles; ++nd)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nd][e] = 0.f;
+#pragma unroll
+  for (int kt = 0; kt < Tr::kBlockN / 16; ++kt) {
+    uint32_t a_frag[2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+      fa::ldmatrix_x4_trans(
+          a_frag[mt], ds_tile + fragment_offset<Ds>(ds_offset, 16 * kt, (row0 + 16 * mt) / 8));
+#pragma unroll
+    for (int nd = 0; nd < kNTiles; nd += 2) {
+      uint32_t b_frag[2][2];
+      load_b_fragments_trans<Tr>(b_frag, k_tile, k_offset, kt, col0 + 8 * nd);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        fa::mma_m16n8k16<T>(acc[mt][nd], a_frag[mt], b_frag[0]);
+        fa::mma_m16n8k16<T>(acc[mt][nd + 1], a_frag[mt], b_frag[1]);
+      }
+    }
+  }
+}
+
 /// \f$C \mathrel{+}= A B\f$ for one warp with \f$A\f$ (16 x 16 kKSteps) in registers, packed by
 /// pack_fragments from an earlier product (\f$P^T\f$, \f$dS^T\f$, or \f$dS\f$): the
 /// accumulator never goes through shared memory, as P in the forward's \f$P V\f$. \f$B\f$ is
@@ -746,6 +932,31 @@ __device__ __forceinline__ void mma_reg_ab(float (&acc)[kNTiles][4],
       fa::mma_m16n8k16<T>(acc[nd + 1], a_frag, b_frag[1]);
     }
   }
+}
+
+/// Byte offset, in a swizzled row-major tile of 2-byte elements, of the packed pair that
+/// pack_fragments puts in `out[.][h]` for the m16n8 tile at (row0, col0): row
+/// row0 + 8 h + lane / 4, columns col0 + 2 (lane % 4) + {0, 1}.
+template <class Layout>
+__device__ __forceinline__ uint32_t tile_fragment_offset(int row0, int col0, int h, int lane) {
+  return swizzle<Layout::kRowBytes>(row0 + 8 * h + lane / 4, col0 / 8) + 4 * (lane % 4);
+}
+
+/// Stores packed 16-bit accumulator fragments `frag[mt][nt]` (pack_fragments layout) into a
+/// swizzled row-major tile: rows row0 + 16 mt + [0, 16), columns col0 + 8 nt + [0, 8).
+template <class Layout, int kMTiles, int kNTiles>
+__device__ __forceinline__ void store_tile_fragments(char* tile,
+                                                     const uint32_t (&frag)[kMTiles][kNTiles][2],
+                                                     int row0, int col0, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<uint32_t*>(
+            tile + tile_fragment_offset<Layout>(row0 + 16 * mt, col0 + 8 * nt, h, lane)) =
+            frag[mt][nt][h];
 }
 
 /// Adds two adjacent floats to fp32 device memory (`dst` 8-byte aligned): one vector
@@ -810,31 +1021,36 @@ __global__ void __launch_bounds__(256)
 // Kernel 2: dK, dV (and dQ by atomics), K/V outer loop
 // ------------------------------------------------------------------------------------------
 
-/// Writes one kv_block's dV or dK: `mult` times the sum of the kWarpsM warps' fp32 partials
-/// `acc` (warps that split the queries hold partial sums over their queries). The fragments
-/// go to an fp32 staging tile in shared memory (rows padded by 8 floats: conflict-free), are
-/// summed there, and leave as 16-byte stores; rows at or past `valid_rows` are not stored.
+/// Writes one kv_block's dV or dK: `mult` times the sum of the kKvParts warps' fp32 partials
+/// (warps that split the queries hold partial sums over their queries). A warp's fragments
+/// `acc[mt][nd]` cover keys key0 + 16 mt + [0, 16) and head-dim columns col0 + 8 nd + [0, 8)
+/// of partial `part`. They go to an fp32 staging tile in shared memory (rows padded by 8
+/// floats: conflict-free), are summed there, and leave as 16-byte stores; rows at or past
+/// `valid_rows` are not stored.
 template <class Tr, typename T>
-__device__ __forceinline__ void store_kv_grad(const float (&acc)[Tr::kNTilesD][4], float mult,
-                                              float* staging, T* gmem, int64_t row_stride,
-                                              int valid_rows, int warp_m, int key0, int tid) {
+__device__ __forceinline__ void store_kv_grad(const float (&acc)[Tr::kKvMTiles][Tr::kKvNTiles][4],
+                                              float mult, float* staging, T* gmem,
+                                              int64_t row_stride, int valid_rows, int part,
+                                              int key0, int col0, int tid) {
   const int lane = tid % 32;
   __syncthreads();  // the staging area is free
   float* mine =
-      staging + (warp_m * Tr::kBlockN + key0 + lane / 4) * Tr::kStageStride + 2 * (lane % 4);
+      staging + (part * Tr::kBlockN + key0 + lane / 4) * Tr::kStageStride + col0 + 2 * (lane % 4);
 #pragma unroll
-  for (int nd = 0; nd < Tr::kNTilesD; ++nd)
+  for (int mt = 0; mt < Tr::kKvMTiles; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      *reinterpret_cast<float2*>(mine + 8 * h * Tr::kStageStride + 8 * nd) =
-          make_float2(acc[nd][2 * h], acc[nd][2 * h + 1]);
+    for (int nd = 0; nd < Tr::kKvNTiles; ++nd)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(mine + (16 * mt + 8 * h) * Tr::kStageStride + 8 * nd) =
+            make_float2(acc[mt][nd][2 * h], acc[mt][nd][2 * h + 1]);
   __syncthreads();
 #pragma unroll
   for (int idx = tid; idx < Tr::kBlockN * Tr::kChunksPerRow; idx += Tr::kNumThreads) {
     const int row = idx / Tr::kChunksPerRow, chunk = idx % Tr::kChunksPerRow;
     float sum[8] = {};
 #pragma unroll
-    for (int wm = 0; wm < Tr::kWarpsM; ++wm) {
+    for (int wm = 0; wm < Tr::kKvParts; ++wm) {
       const float4* src = reinterpret_cast<const float4*>(
           staging + (wm * Tr::kBlockN + row) * Tr::kStageStride + 8 * chunk);
       const float4 lo = src[0], hi = src[1];
@@ -862,16 +1078,19 @@ __device__ __forceinline__ void store_kv_grad(const float (&acc)[Tr::kNTilesD][4
 /// \f[ dK_j \mathrel{+}= \mathrm{scale}\; dS_{ij}^T Q_i,\qquad
 ///     \mathrm{dq\_accum}_i \mathrel{+}= dS_{ij} K_j \ \text{(fp32 atomics, kAtomicDq)}. \f]
 /// Warp (n, m) computes the transposed scores \f$S^T = K Q^T\f$ and \f$dP^T = V dO^T\f$ for its
-/// 16 keys and kWarpCols queries: their fragments, packed to 16 bits, are directly the A
-/// operands of \f$P^T dO\f$ and \f$dS^T Q\f$, so P never leaves registers. \f$dS^T\f$ goes through
-/// shared memory once, to feed \f$dS K_j\f$, which sums over all keys of the block.
+/// keys and kWarpCols queries. With P in registers (16 keys per warp, one slice of
+/// kSliceCols queries at a time) their fragments, packed to 16 bits, are directly the A
+/// operands of \f$P^T dO\f$ and \f$dS^T Q\f$; \f$dS^T\f$ goes through shared memory once, to
+/// feed \f$dS K_j\f$, which sums over all keys of the block. With P through shared memory
+/// (kPtInSmem, 32 keys per warp) \f$P^T\f$ and \f$dS^T\f$ are stored and read back by warps
+/// that split the head dimension instead of the queries (FlashAttention-2's layout).
 /// Per q_block: wait for Q_i, dO_i (loaded during the previous one), start loading Q_{i+1}
 /// (and dO_{i+1} with two dO buffers), then the five products.
-template <typename T, int kHeadDim, bool kAtomicDq>
-__global__ void __launch_bounds__(BwdTraits<kHeadDim>::kNumThreads, 1)
+template <typename T, int kHeadDim, bool kLargeSmem, bool kAtomicDq>
+__global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 1)
     bwd_dk_dv_kernel(const fa_bwd_args args, float* dq_accum, const float* lse_log2,
                      const float* d_row, int seqlen_q_pad, float scale_log2) {
-  using Tr = BwdTraits<kHeadDim>;
+  using Tr = BwdTraits<kHeadDim, kLargeSmem>;
   using Ds = DsLayout<Tr::kBlockM>;
   extern __shared__ __align__(128) char smem[];
   char* const k_tile = smem;
@@ -883,8 +1102,10 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kNumThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int group = lane / 4, quad = lane % 4;  // fragment row and column pair
   const int warp_n = warp % Tr::kWarpsN, warp_m = warp / Tr::kWarpsN;
-  const int key0 = 16 * warp_n;               // this warp's keys in the kv_block
-  const int query0 = Tr::kWarpCols * warp_m;  // this warp's queries in the q_block
+  const int key0 = 16 * Tr::kSMTiles * warp_n;  // this warp's keys in the kv_block
+  const int query0 = Tr::kWarpCols * warp_m;    // this warp's first query in the q_block
+  // This warp's head-dim columns of dK, dV (all of them unless P goes through shared memory).
+  const int kv_col0 = 8 * Tr::kKvNTiles * (warp / (Tr::kNumWarps / Tr::kKvWarpsD));
   const int group_size = f.heads / f.heads_kv;
   const int seqlen_q = f.seqlen_q, seqlen_k = f.seqlen_k;
   const int kv_start = kv_block * Tr::kBlockN;
@@ -936,12 +1157,14 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kNumThreads, 1)
   if (n_iters > 0) load_q_block(0, true, true);
   fa::cp_async_commit();
 
-  // On-chip state for the whole loop: this warp's rows of dV_j and (unscaled) dK_j.
-  float dv_acc[Tr::kNTilesD][4], dk_acc[Tr::kNTilesD][4];
+  // On-chip state for the whole loop: this warp's part of dV_j and (unscaled) dK_j.
+  float dv_acc[Tr::kKvMTiles][Tr::kKvNTiles][4], dk_acc[Tr::kKvMTiles][Tr::kKvNTiles][4];
 #pragma unroll
-  for (int nd = 0; nd < Tr::kNTilesD; ++nd)
+  for (int mt = 0; mt < Tr::kKvMTiles; ++mt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dv_acc[nd][e] = dk_acc[nd][e] = 0.f;
+    for (int nd = 0; nd < Tr::kKvNTiles; ++nd)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dv_acc[mt][nd][e] = dk_acc[mt][nd][e] = 0.f;
 
   for (int it = 0; it < n_iters; ++it) {
     const int head = head_kv * group_size + it / m_count;
@@ -959,105 +1182,179 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kNumThreads, 1)
     if (it + 1 < n_iters) load_q_block(it + 1, true, Tr::kStagesDo == 2);
     fa::cp_async_commit();
 
-    // P^T = exp2(S^T scale log2e - L log2e), S^T = K_j Q_i^T recomputed. Zero where the key
-    // does not exist (ragged last kv_block) or, under causal masking, j > i + diag: only
-    // blocks that cross the diagonal need the test.
+    // Elements need the mask only where the key does not exist (ragged last kv_block) or,
+    // under causal masking, j > i + diag: only q_blocks that cross the diagonal test them.
     const bool needs_mask = kv_start + Tr::kBlockN > seqlen_k ||
                             (f.causal && kv_start + Tr::kBlockN - 1 > q_start + diag);
-    uint32_t p_frag[Tr::kNTilesS][2];
-    {
-      float s[Tr::kNTilesS][4];
-      mma_abt<Tr, Tr::kNTilesS, T>(s, k_tile, key0, q_tile, query0, lane);
+    if constexpr (Tr::kPtInSmem) {
+      // FlashAttention-2's layout. Warp (n, m) computes S^T and dP^T for its 32 keys and
+      // kWarpCols queries and stores P^T and dS^T (0 where masked); a warp tile that sees none
+      // of its keys (causal, above the diagonal, or keys past N_k) stores zeros.
+      char* const pt_tile = smem + Tr::kOffPt;  // P^T, [key][query]
+      const bool tile_empty =
+          kv_start + key0 >= seqlen_k ||
+          (f.causal && kv_start + key0 > q_start + query0 + Tr::kWarpCols - 1 + diag);
+      if (!tile_empty) {
+        {
+          uint32_t p_frag[2][Tr::kNTilesS][2];
+          float s[2][Tr::kNTilesS][4];
+          mma_abt_tile<Tr, 2, Tr::kNTilesS, T>(s, k_tile, key0, q_tile, query0, lane);
 #pragma unroll
-      for (int nt = 0; nt < Tr::kNTilesS; ++nt) {
-        const int col = query0 + 8 * nt + 2 * quad;  // S^T columns are queries
-        const float2 lse = *reinterpret_cast<const float2*>(lse_tile + col);
+          for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float p = fa::exp2_approx(fmaf(s[nt][e], scale_log2, (e & 1) ? -lse.y : -lse.x));
-          if (needs_mask) {
-            const int key = kv_start + key0 + group + 8 * (e >> 1);
-            const int row = q_start + col + (e & 1);
-            if (key >= seqlen_k || (f.causal && key > row + diag)) p = 0.f;
+            for (int nt = 0; nt < Tr::kNTilesS; ++nt) {
+              const int col = query0 + 8 * nt + 2 * quad;  // S^T columns are queries
+              const float2 lse = *reinterpret_cast<const float2*>(lse_tile + col);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                float p =
+                    fa::exp2_approx(fmaf(s[mt][nt][e], scale_log2, (e & 1) ? -lse.y : -lse.x));
+                if (needs_mask) {
+                  const int key = kv_start + key0 + 16 * mt + group + 8 * (e >> 1);
+                  const int row = q_start + col + (e & 1);
+                  if (key >= seqlen_k || (f.causal && key > row + diag)) p = 0.f;
+                }
+                s[mt][nt][e] = p;
+              }
+            }
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) pack_fragments<T>(p_frag[mt], s[mt]);
+          store_tile_fragments<Ds>(pt_tile, p_frag, key0, query0, lane);
+        }
+        {
+          // dS^T takes P^T back from shared memory (the elements this thread stored), which
+          // frees its registers during the dP^T product.
+          uint32_t ds_frag[2][Tr::kNTilesS][2];
+          float dp[2][Tr::kNTilesS][4];
+          mma_abt_tile<Tr, 2, Tr::kNTilesS, T>(dp, v_tile, key0, do_tile, query0, lane);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < Tr::kNTilesS; ++nt) {
+              const float2 d =
+                  *reinterpret_cast<const float2*>(d_tile + query0 + 8 * nt + 2 * quad);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const uint32_t p2 = *reinterpret_cast<const uint32_t*>(
+                    pt_tile +
+                    tile_fragment_offset<Ds>(key0 + 16 * mt, query0 + 8 * nt, e >> 1, lane));
+                dp[mt][nt][e] = unpack_half<T>(p2, e & 1) * (dp[mt][nt][e] - ((e & 1) ? d.y : d.x));
+              }
+            }
+            pack_fragments<T>(ds_frag[mt], dp[mt]);
           }
-          s[nt][e] = p;
+          store_tile_fragments<Ds>(ds_tile, ds_frag, key0, query0, lane);
+        }
+      } else {
+        uint32_t zero[2][Tr::kNTilesS][2];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < Tr::kNTilesS; ++nt) zero[mt][nt][0] = zero[mt][nt][1] = 0u;
+        store_tile_fragments<Ds>(pt_tile, zero, key0, query0, lane);
+        store_tile_fragments<Ds>(ds_tile, zero, key0, query0, lane);
+      }
+      __syncthreads();  // P^T, dS^T of the whole block are in
+
+      // dV_j += P^T dO_i and dK_j += dS^T Q_i: warp (n, c) owns keys key0 + [0, 32) and
+      // head-dim columns kv_col0 + [0, d / 2), all queries of the q_block (the softmax scale
+      // of dK is applied once, in the epilogue). Keys that see no query are skipped.
+      const bool keys_empty = kv_start + key0 >= seqlen_k ||
+                              (f.causal && kv_start + key0 > q_start + Tr::kBlockM - 1 + diag);
+      if (!keys_empty) {
+        mma_smem_ab<Tr, Ds, Tr::kKvNTiles, T>(dv_acc, pt_tile, key0, do_tile, kv_col0, lane);
+        mma_smem_ab<Tr, Ds, Tr::kKvNTiles, T>(dk_acc, ds_tile, key0, q_tile, kv_col0, lane);
+      }
+    } else {
+#pragma unroll 1
+      for (int slice = 0; slice < Tr::kSlices; ++slice) {
+        const int col0 = query0 + Tr::kSliceCols * slice;  // the slice's first query
+        // A slice whose queries see none of this warp's keys (causal, above the diagonal, or
+        // keys past N_k) has P = 0 and dS = 0: only its zero dS^T is stored.
+        const bool slice_empty =
+            kv_start + key0 >= seqlen_k ||
+            (f.causal && kv_start + key0 > q_start + col0 + Tr::kSliceCols - 1 + diag);
+        uint32_t ds_frag[Tr::kNTilesS][2];
+        if (!slice_empty) {
+          // S^T = K_j Q_i^T and dP^T = V_j dO_i^T (recomputed) in one k loop; then
+          // P^T = exp2(S^T scale log2e - L log2e) (0 where masked) and dS^T = P^T o (dP^T - D).
+          uint32_t p_frag[Tr::kNTilesS][2];
+          {
+            float s[Tr::kNTilesS][4], dp[Tr::kNTilesS][4];
+            mma_abt_pair<Tr, Tr::kNTilesS, T>(s, dp, k_tile, v_tile, key0, q_tile, do_tile, col0,
+                                              lane);
+#pragma unroll
+            for (int nt = 0; nt < Tr::kNTilesS; ++nt) {
+              const int col = col0 + 8 * nt + 2 * quad;  // S^T columns are queries
+              const float2 lse = *reinterpret_cast<const float2*>(lse_tile + col);
+              const float2 d = *reinterpret_cast<const float2*>(d_tile + col);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                float p = fa::exp2_approx(fmaf(s[nt][e], scale_log2, (e & 1) ? -lse.y : -lse.x));
+                if (needs_mask) {
+                  const int key = kv_start + key0 + group + 8 * (e >> 1);
+                  const int row = q_start + col + (e & 1);
+                  if (key >= seqlen_k || (f.causal && key > row + diag)) p = 0.f;
+                }
+                s[nt][e] = p;
+                dp[nt][e] = p * (dp[nt][e] - ((e & 1) ? d.y : d.x));
+              }
+            }
+            pack_fragments<T>(p_frag, s);
+            pack_fragments<T>(ds_frag, dp);
+          }
+          // dV_j += P^T dO_i and dK_j += dS^T Q_i (the softmax scale is applied once, in the
+          // epilogue).
+          mma_reg_ab<Tr, Tr::kNTilesD, Tr::kNTilesS / 2, T>(dv_acc[0], p_frag, do_tile, col0, 0,
+                                                            lane);
+          mma_reg_ab<Tr, Tr::kNTilesD, Tr::kNTilesS / 2, T>(dk_acc[0], ds_frag, q_tile, col0, 0,
+                                                            lane);
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < Tr::kNTilesS; ++nt) ds_frag[nt][0] = ds_frag[nt][1] = 0u;
+        }
+        if constexpr (kAtomicDq) {
+          // dS^T to shared memory: dQ_i needs, for each of its rows, all keys of the block.
+#pragma unroll
+          for (int nt = 0; nt < Tr::kNTilesS; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              *reinterpret_cast<uint32_t*>(
+                  ds_tile + swizzle<Ds::kRowBytes>(key0 + group + 8 * h, col0 / 8 + nt) +
+                  4 * quad) = ds_frag[nt][h];
         }
       }
-      pack_fragments<T>(p_frag, s);
-    }
-    // dV_j += P^T dO_i.
-    mma_reg_ab<Tr, Tr::kNTilesD, Tr::kNTilesS / 2, T>(dv_acc, p_frag, do_tile, query0, 0, lane);
-
-    // dP^T = V_j dO_i^T and dS^T = P^T o (dP^T - D).
-    uint32_t ds_frag[Tr::kNTilesS][2];
-    {
-      float dp[Tr::kNTilesS][4];
-      mma_abt<Tr, Tr::kNTilesS, T>(dp, v_tile, key0, do_tile, query0, lane);
-#pragma unroll
-      for (int nt = 0; nt < Tr::kNTilesS; ++nt) {
-        const float2 d = *reinterpret_cast<const float2*>(d_tile + query0 + 8 * nt + 2 * quad);
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          dp[nt][e] =
-              unpack_half<T>(p_frag[nt][e >> 1], e & 1) * (dp[nt][e] - ((e & 1) ? d.y : d.x));
+      if constexpr (kAtomicDq || Tr::kStagesDo == 1) __syncthreads();  // dS^T in; dO_i read
+      if constexpr (Tr::kStagesDo == 1) {
+        if (it + 1 < n_iters) load_q_block(it + 1, false, true);
+        fa::cp_async_commit();
       }
-      pack_fragments<T>(ds_frag, dp);
-    }
-    // dK_j += dS^T Q_i (the softmax scale is applied once, in the epilogue).
-    mma_reg_ab<Tr, Tr::kNTilesD, Tr::kNTilesS / 2, T>(dk_acc, ds_frag, q_tile, query0, 0, lane);
-
-    if constexpr (kAtomicDq) {
-      // dS^T to shared memory: dQ_i needs, for each of its rows, all keys of the block.
-#pragma unroll
-      for (int nt = 0; nt < Tr::kNTilesS; ++nt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<uint32_t*>(
-              ds_tile + swizzle<Ds::kRowBytes>(key0 + group + 8 * h, query0 / 8 + nt) + 4 * quad) =
-              ds_frag[nt][h];
-    }
-    if constexpr (kAtomicDq || Tr::kStagesDo == 1) __syncthreads();  // dS^T in; dO_i read
-    if constexpr (Tr::kStagesDo == 1) {
-      if (it + 1 < n_iters) load_q_block(it + 1, false, true);
-      fa::cp_async_commit();
     }
 
     if constexpr (kAtomicDq) {
-      // dq_accum_i += dS K_j: warp w takes query rows 16 (w % kDqWarpsM) + [0, 16) and
-      // kDqCols head-dim columns, 32 per pass. A = dS, read from dS^T with ldmatrix.trans (the
-      // B pattern); B = K_j with ldmatrix.trans. Then one fp32 atomic add per element pair.
-      const int dq_row0 = 16 * (warp % Tr::kDqWarpsM);
-      const uint32_t ds_offset = b_lane_offset<Ds>(lane);
-      const int64_t bh = static_cast<int64_t>(batch) * f.heads + head;
+      // dq_accum_i += dS K_j: warp w takes query rows 32 (w % kDqWarpsM) + [0, 32) and
+      // kDqCols head-dim columns, then one fp32 atomic add per element pair. Rows that see
+      // no key of this kv_block (causal, above the diagonal) or do not exist are skipped.
+      const int dq_row0 = 32 * (warp % Tr::kDqWarpsM);
+      const int dq_col0 = Tr::kDqCols * (warp / Tr::kDqWarpsM);
+      const bool rows_empty =
+          q_start + dq_row0 >= seqlen_q || (f.causal && q_start + dq_row0 + 31 + diag < kv_start);
+      if (!rows_empty) {
+        float dq[2][Tr::kDqCols / 8][4];
+        mma_ds_k<Tr, Ds, Tr::kDqCols / 8, T>(dq, ds_tile, dq_row0, k_tile, dq_col0, lane);
+        const int64_t bh = static_cast<int64_t>(batch) * f.heads + head;
 #pragma unroll
-      for (int pass = 0; pass < Tr::kDqCols / Tr::kDqPassCols; ++pass) {
-        const int col0 = Tr::kDqCols * (warp / Tr::kDqWarpsM) + Tr::kDqPassCols * pass;
-        uint32_t ds_a[Tr::kBlockN / 8][2];  // dS rows dq_row0.., all keys, as packed pairs
-        float dq[Tr::kDqPassCols / 8][4];
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int nd = 0; nd < Tr::kDqPassCols / 8; ++nd)
+          for (int h = 0; h < 2; ++h) {
+            const int row = q_start + dq_row0 + 16 * mt + 8 * h + group;
+            if (row < seqlen_q) {
+              float* dst = dq_accum + (bh * seqlen_q + row) * kHeadDim + dq_col0 + 2 * quad;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) dq[nd][e] = 0.f;
-#pragma unroll
-        for (int kt = 0; kt < Tr::kBlockN / 16; ++kt) {
-          uint32_t r[4];
-          fa::ldmatrix_x4_trans(r, ds_tile + fragment_offset<Ds>(ds_offset, 16 * kt, dq_row0 / 8));
-          ds_a[2 * kt][0] = r[0];
-          ds_a[2 * kt][1] = r[1];
-          ds_a[2 * kt + 1][0] = r[2];
-          ds_a[2 * kt + 1][1] = r[3];
-        }
-        mma_reg_ab<Tr, Tr::kDqPassCols / 8, Tr::kBlockN / 16, T>(dq, ds_a, k_tile, 0, col0, lane);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = q_start + dq_row0 + group + 8 * h;
-          if (row < seqlen_q) {
-            float* dst = dq_accum + (bh * seqlen_q + row) * kHeadDim + col0 + 2 * quad;
-#pragma unroll
-            for (int nd = 0; nd < Tr::kDqPassCols / 8; ++nd)
-              atomic_add_pair(dst + 8 * nd, dq[nd][2 * h], dq[nd][2 * h + 1]);
+              for (int nd = 0; nd < Tr::kDqCols / 8; ++nd)
+                atomic_add_pair(dst + 8 * nd, dq[mt][nd][2 * h], dq[mt][nd][2 * h + 1]);
+            }
           }
-        }
       }
     }
   }
@@ -1069,10 +1366,11 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kNumThreads, 1)
                 head_kv * args.dv.head_stride + kv_start * args.dv.row_stride;
   T* const dk = static_cast<T*>(args.dk.ptr) + batch * args.dk.batch_stride +
                 head_kv * args.dk.head_stride + kv_start * args.dk.row_stride;
-  store_kv_grad<Tr, T>(dv_acc, 1.f, staging, dv, args.dv.row_stride, seqlen_k - kv_start, warp_m,
-                       key0, tid);
-  store_kv_grad<Tr, T>(dk_acc, f.scale, staging, dk, args.dk.row_stride, seqlen_k - kv_start,
-                       warp_m, key0, tid);
+  const int part = Tr::kKvParts > 1 ? warp_m : 0;
+  store_kv_grad<Tr, T>(dv_acc, 1.f, staging, dv, args.dv.row_stride, seqlen_k - kv_start, part,
+                       key0, kv_col0, tid);
+  store_kv_grad<Tr, T>(dk_acc, f.scale, staging, dk, args.dk.row_stride, seqlen_k - kv_start, part,
+                       key0, kv_col0, tid);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1270,13 +1568,32 @@ fa_status set_smem(Kernel kernel, int bytes, const char* name) {
   return FA_OK;
 }
 
+/// Launches the main kernel with the small or large tile shape (`dq_accum` null: the
+/// deterministic variant without the dQ part).
+template <typename T, int kHeadDim, bool kLargeSmem>
+fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
+                       const float* lse_log2, const float* d_row, float* dq_accum,
+                       float scale_log2) {
+  using Tr = BwdTraits<kHeadDim, kLargeSmem>;
+  const fa_fwd_args& f = args.fwd;
+  const dim3 grid((f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, f.heads_kv, f.batch);
+  const auto kernel = dq_accum != nullptr ? bwd_dk_dv_kernel<T, kHeadDim, kLargeSmem, true>
+                                          : bwd_dk_dv_kernel<T, kHeadDim, kLargeSmem, false>;
+  const fa_status status = set_smem(kernel, Tr::kSmemBytes, "bwd_dk_dv_kernel");
+  if (status != FA_OK) return status;
+  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, dq_accum, lse_log2, d_row,
+                                                            seqlen_q_pad, scale_log2);
+  FA_LAUNCH_TRY();
+  return FA_OK;
+}
+
 /// Runs the backward kernels on the scratch buffers (`dq_accum` null in deterministic mode):
 /// preprocess; then dK/dV with atomic dQ and the dQ conversion, or dK/dV and the
-/// deterministic dQ kernel.
+/// deterministic dQ kernel. The main kernel takes the large tile shape where the GPU has the
+/// shared memory for it (A100, H100, H200), else the small one (every sm_80+ GPU).
 template <typename T, int kHeadDim>
 fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
                                   float* lse_log2, float* d_row, float* dq_accum) {
-  using Tr = BwdTraits<kHeadDim>;
   const fa_fwd_args& f = args.fwd;
   const float scale_log2 = static_cast<float>(static_cast<double>(f.scale) * M_LOG2E);
 
@@ -1284,26 +1601,29 @@ fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, 
       args, seqlen_q_pad, lse_log2, d_row, dq_accum);
   FA_LAUNCH_TRY();
 
-  const dim3 grid((f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, f.heads_kv, f.batch);
+  int device = 0, optin = 0;
+  FA_CUDA_TRY(cudaGetDevice(&device));
+  FA_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  fa_status status;
+  bool large = false;
+  if constexpr (kHasLargeBwdShape<kHeadDim>) large = optin >= BwdTraits<kHeadDim, true>::kSmemBytes;
+  if constexpr (kHasLargeBwdShape<kHeadDim>)
+    status = large ? launch_dk_dv<T, kHeadDim, true>(args, stream, seqlen_q_pad, lse_log2, d_row,
+                                                     dq_accum, scale_log2)
+                   : launch_dk_dv<T, kHeadDim, false>(args, stream, seqlen_q_pad, lse_log2, d_row,
+                                                      dq_accum, scale_log2);
+  else
+    status = launch_dk_dv<T, kHeadDim, false>(args, stream, seqlen_q_pad, lse_log2, d_row, dq_accum,
+                                              scale_log2);
+  if (status != FA_OK) return status;
+
   if (!args.deterministic) {
-    const auto kernel = bwd_dk_dv_kernel<T, kHeadDim, true>;
-    fa_status status = set_smem(kernel, Tr::kSmemBytes, "bwd_dk_dv_kernel");
-    if (status != FA_OK) return status;
-    kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, dq_accum, lse_log2, d_row,
-                                                              seqlen_q_pad, scale_log2);
-    FA_LAUNCH_TRY();
     const int64_t chunks = static_cast<int64_t>(f.seqlen_q) * (kHeadDim / 8);
     bwd_convert_dq_kernel<T, kHeadDim>
         <<<dim3(static_cast<unsigned>((chunks + 255) / 256), f.heads, f.batch), 256, 0, stream>>>(
             args, dq_accum);
     FA_LAUNCH_TRY();
   } else {
-    const auto kernel = bwd_dk_dv_kernel<T, kHeadDim, false>;
-    fa_status status = set_smem(kernel, Tr::kSmemBytes, "bwd_dk_dv_kernel");
-    if (status != FA_OK) return status;
-    kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, nullptr, lse_log2, d_row,
-                                                              seqlen_q_pad, scale_log2);
-    FA_LAUNCH_TRY();
     using Dq = DqTraits<kHeadDim>;
     const auto dq_kernel = bwd_dq_kernel<T, kHeadDim>;
     status = set_smem(dq_kernel, Dq::kSmemBytes, "bwd_dq_kernel");

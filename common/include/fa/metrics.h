@@ -12,9 +12,12 @@ namespace fa {
 
 /// How far an output is from its reference.
 struct ErrorStats {
-  double max_abs = 0;     ///< \f$\max_i |out_i - ref_i|\f$ (infinite if any NaN/inf)
-  double rel_l2 = 0;      ///< \f$\|out - ref\|_2 / \|ref\|_2\f$
-  double ref_max = 0;     ///< \f$\max_i |ref_i|\f$
+  double max_abs = 0;  ///< \f$\max_i |out_i - ref_i|\f$ (infinite if any NaN/inf)
+  double rel_l2 = 0;   ///< \f$\|out - ref\|_2 / \|ref\|_2\f$
+  double ref_max = 0;  ///< \f$\max_i |ref_i|\f$
+  /// The scale absolute errors are measured against:
+  /// \f$\max(\max_i |ref_i|,\ \max_i mag_i / 16,\ 1)\f$ (see compare()).
+  double abs_scale = 1;
   size_t worst = 0;       ///< index of the largest error
   size_t non_finite = 0;  ///< outputs that are NaN or infinite where the reference is finite
   size_t count = 0;       ///< elements compared
@@ -27,7 +30,8 @@ constexpr double kCancellationFloor = 16.0;
 /// Compares `n` outputs with their fp64 reference.
 /// With `mag` (the magnitude of the terms each reference value is summed from, see
 /// BackwardRef::dq_mag), the relative error's denominator is
-/// \f$\max(\|ref\|_2, \|mag\|_2 / 16)\f$: unchanged unless the reference is a cancellation
+/// \f$\max(\|ref\|_2, \|mag\|_2 / 16)\f$, and the absolute error's scale likewise includes
+/// \f$\max_i mag_i / 16\f$: both unchanged unless the reference is a cancellation
 /// of much larger terms (a one-hot softmax makes \f$dP - D\f$ vanish, a single key makes dQ and
 /// dK exactly 0), where rounding of those terms, which no kernel can avoid, sets the error. Pairs
 /// where both are the same infinity (the +inf logsumexp of a row that sees no key) count as exact.
@@ -43,7 +47,7 @@ enum class Quantity {
   kGradient  ///< dQ, dK, dV (in the dtype)
 };
 
-/// Bounds an output must meet: `max_abs <= max_abs_rel * max(ref_max, 1)` and
+/// Bounds an output must meet: `max_abs <= max_abs_rel * abs_scale` and
 /// `rel_l2 <= rel_l2`, and no non-finite values. See tolerance() for the numbers and why.
 struct Tolerance {
   double max_abs_rel;  ///< bound on max_abs, relative to \f$\max(\mathrm{ref\_max}, 1)\f$

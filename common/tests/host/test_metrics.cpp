@@ -72,7 +72,7 @@ TEST(Within, BoundsScaleWithReferenceMaximum) {
   EXPECT_TRUE(within(e, t));
   e.max_abs = 0.0101;
   EXPECT_FALSE(within(e, t));
-  e.ref_max = 10;  // the bound is 0.1
+  e.ref_max = e.abs_scale = 10;  // the bound is 0.1 (compare() sets abs_scale)
   e.max_abs = 0.09;
   EXPECT_TRUE(within(e, t));
   e.rel_l2 = 1.5;
@@ -135,6 +135,17 @@ TEST(CancellationFloor, ZeroReferenceIsMeasuredAgainstTheTermsMagnitude) {
   std::fill(out.begin(), out.end(), 0.5f);
   EXPECT_FALSE(within(compare(out.data(), ref.data(), out.size(), mag.data()),
                       tolerance(FA_BF16, Quantity::kGradient)));
+}
+
+TEST(CancellationFloor, AbsoluteScaleIsTheLargestOfRefMagAndOne) {
+  const std::vector<double> ref = {0.5, -0.25}, small_mag = {0.5, 0.3}, big_mag = {64.0, 1.0};
+  const std::vector<float> out = {0.5f, -0.25f};
+  EXPECT_DOUBLE_EQ(compare(out.data(), ref.data(), 2).abs_scale, 1.0);
+  EXPECT_DOUBLE_EQ(compare(out.data(), ref.data(), 2, small_mag.data()).abs_scale, 1.0);
+  EXPECT_DOUBLE_EQ(compare(out.data(), ref.data(), 2, big_mag.data()).abs_scale,
+                   64.0 / kCancellationFloor);
+  const std::vector<double> big_ref = {8.0, 1.0};
+  EXPECT_DOUBLE_EQ(compare(out.data(), big_ref.data(), 2).abs_scale, 8.0);
 }
 
 TEST(CancellationFloor, NoEffectWithoutCancellation) {

@@ -25,6 +25,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -40,21 +41,23 @@ namespace {
 // ------------------------------------------------------------------------------------------
 
 // Tuning knobs: K/V rows per block for each head dimension (multiples of 16). The defaults
-// are the largest for which ptxas fits the kernel in 255 registers without spilling (see
-// NOTES.md); e.g. -DFA_FWD_BLOCK_N_D128=64 builds FlashAttention-2's own 128x64 tile.
+// are FlashAttention-2's tiles, the fastest measured on the H200 (see NOTES.md), although
+// ptxas keeps a few loop-invariant registers in local memory with them; e.g.
+// -DFA_FWD_BLOCK_N_D128=32 builds the largest d = 128 tile that spills nothing.
 #ifndef FA_FWD_BLOCK_N_D64
-#define FA_FWD_BLOCK_N_D64 64
+#define FA_FWD_BLOCK_N_D64 128
 #endif
 #ifndef FA_FWD_BLOCK_N_D128
-#define FA_FWD_BLOCK_N_D128 32
+#define FA_FWD_BLOCK_N_D128 64
 #endif
 
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
 /// rows, kNumWarps warps. As in FlashAttention-2, 4 warps share a 128-row Q block, 32 rows
 /// each. The registers of a thread hold its rows' o_acc (\f$32 d / 32\f$ floats) and S tile
-/// (\f$32 B_c / 32\f$ floats), so \f$B_c\f$ shrinks as d grows. Shared memory is
-/// \f$(B_r + 2 B_c)\, d \cdot 2\f$ bytes: 32 KiB (d = 64) and 48 KiB (d = 128), which fits
-/// every sm_80+ GPU, with room for several thread blocks per SM.
+/// (\f$32 B_c / 32\f$ floats), so \f$B_c\f$ shrinks as d grows. Shared memory is Q plus two
+/// stages of K and V, \f$(B_r + 4 B_c)\, d \cdot 2\f$ bytes: 80 KiB (d = 64) and 96 KiB
+/// (d = 128). That fits every sm_80+ GPU (at most 99 KiB per thread block on sm_86/sm_89);
+/// two thread blocks share an SM on the A100 at d = 64 and on the H100/H200 at both.
 template <int kHeadDim>
 struct TileShape;
 template <>
@@ -83,7 +86,8 @@ struct Traits {
   static constexpr int kQBytes = kBlockM * kRowBytes;
   static constexpr int kKBytes = kBlockN * kRowBytes;
   static constexpr int kVBytes = kBlockN * kRowBytes;
-  static constexpr int kSmemBytes = kQBytes + kKBytes + kVBytes;
+  static constexpr int kStageBytes = kKBytes + kVBytes;  ///< one K tile and one V tile
+  static constexpr int kSmemBytes = kQBytes + 2 * kStageBytes;
 
   static_assert(kWarpRows % 16 == 0, "each warp owns whole m16 tiles");
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k16 steps must tile S and P V");
@@ -274,34 +278,55 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS]
 /// with c the softmax scale. In base 2, \f$e^{c x} = 2^{x c \log_2 e}\f$, so with
 /// `scale_log2` \f$= c \log_2 e\f$ each probability is one FFMA and one ex2. The row max is
 /// reduced across the 4 lanes (a quad) that share a row; row_sum stays a per-lane partial
-/// sum until the epilogue. A row with no visible key yet has \f$m = -\infty\f$: the
-/// subtracted max is then taken as 0 so that no \f$-\infty - (-\infty)\f$ makes a NaN.
-/// On return s holds \f$P\f$ (unnormalized, fp32).
+/// sum until the epilogue. The rescale factor is exactly 1 for a row whose max did not grow,
+/// so the warp skips the o_acc multiplications when none of its rows' max grew (one vote,
+/// a warp-uniform branch), which is most blocks once a row has seen a few of them. A row
+/// with no visible key yet has \f$m = -\infty\f$: the subtracted max is then taken as 0
+/// so that no \f$-\infty - (-\infty)\f$ makes a NaN. On return s holds \f$P\f$
+/// (unnormalized, fp32).
 template <class Tr>
 __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTilesS][4],
                                                float (&row_max)[Tr::kMTiles][2],
                                                float (&row_sum)[Tr::kMTiles][2],
                                                float (&o_acc)[Tr::kMTiles][Tr::kNTilesO][4],
                                                float scale_log2) {
+  float m_new[Tr::kMTiles][2];
+  bool max_grew = false;
 #pragma unroll
   for (int mi = 0; mi < Tr::kMTiles; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float m_new = row_max[mi][h];
+      float m = row_max[mi][h];
 #pragma unroll
       for (int nj = 0; nj < Tr::kNTilesS; ++nj)
-        m_new = fmaxf(m_new, fmaxf(s[mi][nj][2 * h], s[mi][nj][2 * h + 1]));
-      m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));
-      m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 2));
-      const float m_scaled = (m_new == -INFINITY) ? 0.f : m_new * scale_log2;
-      // exp(c (m_old - m_new)); 0 when the row had no visible key before (m_old = -inf).
-      const float rescale = fa::exp2_approx(row_max[mi][h] * scale_log2 - m_scaled);
-      row_max[mi][h] = m_new;
+        m = fmaxf(m, fmaxf(s[mi][nj][2 * h], s[mi][nj][2 * h + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      max_grew |= m > row_max[mi][h];
+      m_new[mi][h] = m;
+    }
+  if (__any_sync(0xffffffffu, max_grew)) {
 #pragma unroll
-      for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
-        o_acc[mi][nd][2 * h] *= rescale;
-        o_acc[mi][nd][2 * h + 1] *= rescale;
+    for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
+        // exp(c (m_old - m_new)); 0 when the row had no visible key before (m_old = -inf).
+        const float rescale = fa::exp2_approx(row_max[mi][h] * scale_log2 - m_scaled);
+        row_sum[mi][h] *= rescale;
+#pragma unroll
+        for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
+          o_acc[mi][nd][2 * h] *= rescale;
+          o_acc[mi][nd][2 * h + 1] *= rescale;
+        }
       }
+  }
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[mi][h] = m_new[mi][h];
+      const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
       float block_sum = 0.f;
 #pragma unroll
       for (int nj = 0; nj < Tr::kNTilesS; ++nj)
@@ -311,7 +336,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
           s[mi][nj][2 * h + e] = p;
           block_sum += p;
         }
-      row_sum[mi][h] = row_sum[mi][h] * rescale + block_sum;
+      row_sum[mi][h] += block_sum;
     }
 }
 
@@ -416,22 +441,28 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
 /// FlashAttention-2 forward, warps split Q. One thread block per (Q block, head, batch);
 /// warp w owns Q rows [32 w, 32 w + 32) of the block. Per K/V block j, each warp computes
 /// \f$S = Q_w K_j^T\f$, masks, updates its online softmax and \f$O_w \mathrel{+}= P V_j\f$,
-/// all in registers. Per iteration: wait for K, start loading V, \f$Q K^T\f$, wait for V,
-/// start loading the next K, softmax, \f$P V\f$: each tile load overlaps the other product.
+/// all in registers. K and V have two shared-memory stages: at the top of block j (one
+/// barrier) the thread block starts loading \f$K_{j+1}, V_{j+1}\f$ into the stage that block
+/// j - 1 just left, and they land while block j is computed. `group_pairs` sets the order of
+/// the thread blocks (see launch()).
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
-    flash_forward_kernel(const fa_fwd_args args, const float scale_log2) {
+    flash_forward_kernel(const fa_fwd_args args, const float scale_log2, const int group_pairs) {
   using Tr = Traits<kHeadDim>;
   extern __shared__ __align__(128) char smem[];
   char* const q_tile = smem;
-  char* const k_tile = smem + Tr::kQBytes;
-  char* const v_tile = k_tile + Tr::kKBytes;
+  char* const kv_stages = smem + Tr::kQBytes;  // stage s: K tile, then V tile
 
-  // Under causal masking the last Q blocks do the most work; start them first so that the
-  // short blocks fill the tail of the grid.
-  const int q_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  // Which (q_block, head, batch) this thread block computes, in the order launch() explains.
+  const int num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int num_pairs = args.batch * args.heads;
+  const int group = blockIdx.x / (group_pairs * num_q_blocks);
+  const int in_group = blockIdx.x - group * group_pairs * num_q_blocks;
+  const int pairs_in_group = min(group_pairs, num_pairs - group * group_pairs);
+  const int q_block = num_q_blocks - 1 - in_group / pairs_in_group;  // last Q blocks first
+  const int pair = group * group_pairs + in_group % pairs_in_group;
+  const int head = pair % args.heads;
+  const int batch = pair / args.heads;
   const int head_kv = head / (args.heads / args.heads_kv);
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -478,17 +509,26 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
     return;
   }
 
-  // Prologue: Q and the first K tile in one cp.async group.
+  // Prologue: Q, K_0 and V_0 in one cp.async group, into stage 0.
   load_tile_async<Tr, Tr::kBlockM>(q_tile, q, args.q.row_stride, q_start, seqlen_q, tid);
-  load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, 0, seqlen_k, tid);
+  load_tile_async<Tr, Tr::kBlockN>(kv_stages, k, args.k.row_stride, 0, seqlen_k, tid);
+  load_tile_async<Tr, Tr::kBlockN>(kv_stages + Tr::kKBytes, v, args.v.row_stride, 0, seqlen_k, tid);
   fa::cp_async_commit();
 
   for (int kv_block = 0; kv_block < n_blocks; ++kv_block) {
     const int kv_start = kv_block * Tr::kBlockN;
+    const char* const k_tile = kv_stages + (kv_block % 2) * Tr::kStageBytes;
+    const char* const v_tile = k_tile + Tr::kKBytes;
     fa::cp_async_wait<0>();
-    __syncthreads();  // K_j has landed; every warp is done with V_{j-1}
-    load_tile_async<Tr, Tr::kBlockN>(v_tile, v, args.v.row_stride, kv_start, seqlen_k, tid);
-    fa::cp_async_commit();
+    __syncthreads();  // K_j and V_j have landed; every warp is done with block j - 1's stage
+    if (kv_block + 1 < n_blocks) {  // K_{j+1} and V_{j+1} into that stage
+      char* const next = kv_stages + ((kv_block + 1) % 2) * Tr::kStageBytes;
+      load_tile_async<Tr, Tr::kBlockN>(next, k, args.k.row_stride, kv_start + Tr::kBlockN, seqlen_k,
+                                       tid);
+      load_tile_async<Tr, Tr::kBlockN>(next + Tr::kKBytes, v, args.v.row_stride,
+                                       kv_start + Tr::kBlockN, seqlen_k, tid);
+      fa::cp_async_commit();
+    }
 
     float s[Tr::kMTiles][Tr::kNTilesS][4];
     compute_scores<Tr, T>(s, q_tile, k_tile, warp_row0, lane);
@@ -499,14 +539,6 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
     if (needs_mask)
       apply_mask<Tr>(s, q_start + warp_row0 + lane / 4, kv_start, seqlen_q, seqlen_k, args.causal,
                      lane);
-
-    fa::cp_async_wait<0>();
-    __syncthreads();  // V_j has landed; every warp is done with K_j
-    if (kv_block + 1 < n_blocks) {
-      load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, kv_start + Tr::kBlockN,
-                                       seqlen_k, tid);
-      fa::cp_async_commit();
-    }
 
     online_softmax<Tr>(s, row_max, row_sum, o_acc, scale_log2);
     accumulate_pv<Tr, T>(o_acc, s, v_tile, lane);
@@ -520,7 +552,15 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 // Launcher
 // ------------------------------------------------------------------------------------------
 
-/// Launches the kernel for one dtype and head dimension: grid (Q blocks, heads, batch).
+/// Launches the kernel for one dtype and head dimension: one thread block per (Q block, head,
+/// batch), in a one-dimensional grid whose order the kernel decodes. The (batch, head) pairs
+/// are taken in groups; inside a group the thread blocks start with the last Q block of every
+/// pair, then the one before it, and so on. Under causal masking the last Q blocks do the
+/// most work, so the longest thread blocks start first and the short ones fill the tail of
+/// the grid. A group holds at least 4 waves of resident thread blocks, enough for that order
+/// to balance the SMs, and no more pairs than that, so that the thread blocks that read the
+/// same K and V run at the same time and share them in L2. Without causal masking every
+/// thread block has the same work and a group is one pair: one head's Q blocks run together.
 template <typename T, int kHeadDim>
 fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   using Tr = Traits<kHeadDim>;
@@ -529,10 +569,26 @@ fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   if (Tr::kSmemBytes > 48 * 1024)
     FA_CUDA_TRY(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  const dim3 grid((args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, args.heads, args.batch);
+  const int64_t num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int64_t num_pairs = static_cast<int64_t>(args.batch) * args.heads;
+  if (num_q_blocks * num_pairs > INT32_MAX)
+    return fa::set_error(FA_ERR_UNSUPPORTED, "%s: more than 2^31 - 1 thread blocks", FA_STEP_NAME);
+  int64_t group_pairs = 1;
+  if (args.causal) {
+    int device = 0, num_sms = 0, blocks_per_sm = 0;
+    FA_CUDA_TRY(cudaGetDevice(&device));
+    FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
+                                                              Tr::kNumThreads, Tr::kSmemBytes));
+    const int64_t resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
+    const int64_t num_groups = std::max<int64_t>(1, num_q_blocks * num_pairs / (4 * resident));
+    group_pairs = (num_pairs + num_groups - 1) / num_groups;
+  }
+  const dim3 grid(static_cast<unsigned>(num_q_blocks * num_pairs));
   constexpr double kLog2e = 1.4426950408889634;
   const float scale_log2 = static_cast<float>(args.scale * kLog2e);
-  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2);
+  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2,
+                                                            static_cast<int>(group_pairs));
   FA_LAUNCH_TRY();
   return FA_OK;
 }

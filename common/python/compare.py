@@ -174,8 +174,10 @@ def _run(cmd):
 
 def run_info():
     """Commit (and whether tracked files differ from it), date, command line."""
-    commit = _run(["git", "rev-parse", "HEAD"]) or "unknown"
-    dirty = bool(_run(["git", "status", "--porcelain", "--untracked-files=no"]))
+    # FA_GIT_COMMIT names the commit of a source tree exported without .git (git archive).
+    commit = os.environ.get("FA_GIT_COMMIT") or _run(["git", "rev-parse", "HEAD"]) or "unknown"
+    dirty = False if os.environ.get("FA_GIT_COMMIT") else bool(
+        _run(["git", "status", "--porcelain", "--untracked-files=no"]))
     return {"commit": commit, "dirty": dirty,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "command": " ".join(["python3", os.path.relpath(os.path.abspath(sys.argv[0]), REPO)]

@@ -33,6 +33,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -49,20 +50,23 @@ namespace {
 
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
 /// rows, kNumWarps warps. The 4 warps split the \f$B_c\f$ keys (16 each, one k16 step of
-/// \f$P V\f$) and share all \f$B_r\f$ rows. Shared memory holds Q, K, V, the fp32 o_acc
-/// (\f$B_r (d + 8) \cdot 4\f$ bytes) and the warps' row statistics: 44 KiB (d = 64) and
-/// 84 KiB (d = 128) at 64 x 64, which fits every sm_80+ GPU (at most 99 KiB per block on
-/// sm_86/89). A 128-row block at d = 128 would need 136 KiB: split-K pays for its shared
-/// o_acc with a smaller Q block (see NOTES.md for why d = 64 uses 64 rows too).
+/// \f$P V\f$) and share all \f$B_r\f$ rows. Shared memory holds Q, one K and one V tile
+/// (they change only once per outer iteration), the fp32 O tile (\f$B_r (d + 8) \cdot 4\f$
+/// bytes) and the warps' row statistics: 44 KiB at 64 x 64 (d = 64) and 58 KiB at 32 x 64
+/// (d = 128), which fits every sm_80+ GPU. The tiles are those of steps 03 and 04, whose two
+/// K/V stages need 60 and 90 KiB. kMinBlocksPerSm goes to `__launch_bounds__` so that ptxas
+/// cuts the register budget for that many thread blocks per SM (left to itself, ptxas aims
+/// at a higher occupancy and spills to reach it); 2 at both head dims, since the grid has only
+/// \f$B H\f$ thread blocks anyway.
 template <int kHeadDim>
 struct TileShape;
 template <>
 struct TileShape<64> {
-  static constexpr int kBlockM = 64, kBlockN = 64, kNumWarps = 4;
+  static constexpr int kBlockM = 64, kBlockN = 64, kNumWarps = 4, kMinBlocksPerSm = 2;
 };
 template <>
 struct TileShape<128> {
-  static constexpr int kBlockM = 64, kBlockN = 64, kNumWarps = 4;
+  static constexpr int kBlockM = 32, kBlockN = 64, kNumWarps = 4, kMinBlocksPerSm = 2;
 };
 
 /// Every size the kernel derives from the tile shape, in one place.
@@ -73,6 +77,7 @@ struct Traits {
   static constexpr int kBlockN = TileShape<kHeadDim>::kBlockN;  ///< \f$B_c\f$, K/V rows
   static constexpr int kNumWarps = TileShape<kHeadDim>::kNumWarps;
   static constexpr int kNumThreads = 32 * kNumWarps;
+  static constexpr int kMinBlocksPerSm = TileShape<kHeadDim>::kMinBlocksPerSm;
   static constexpr int kWarpKeys = kBlockN / kNumWarps;     ///< K/V rows owned by one warp
   static constexpr int kMTiles = kBlockM / 16;              ///< m16 mma tiles: all Q rows
   static constexpr int kNTilesS = kWarpKeys / 8;            ///< n8 tiles of S (this warp's keys)
@@ -83,10 +88,11 @@ struct Traits {
   static constexpr int kQBytes = kBlockM * kRowBytes;
   static constexpr int kKBytes = kBlockN * kRowBytes;
   static constexpr int kVBytes = kBlockN * kRowBytes;
+  static constexpr int kStageBytes = kKBytes + kVBytes;  ///< one K tile and one V tile
   static constexpr int kOAccPitch = kHeadDim + 8;  ///< floats per o_acc row (see accumulate_pv)
   static constexpr int kOAccBytes = kBlockM * kOAccPitch * 4;
   static constexpr int kStatsBytes = 2 * kNumWarps * kBlockM * 4;  ///< warp_max and warp_sum
-  static constexpr int kSmemBytes = kQBytes + kKBytes + kVBytes + kOAccBytes + kStatsBytes;
+  static constexpr int kSmemBytes = kQBytes + kStageBytes + kOAccBytes + kStatsBytes;
 
   static_assert(kBlockM % 16 == 0, "the Q block is whole m16 tiles");
   static_assert(kWarpKeys % 16 == 0, "each warp's keys are whole k16 steps of P V");
@@ -321,19 +327,32 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
                                                const float* warp_max, float* warp_sum,
                                                float scale_log2, int warp, int lane) {
   const int group = lane / 4, quad = lane % 4;
+  float m_new[Tr::kMTiles][2];
 #pragma unroll
   for (int mi = 0; mi < Tr::kMTiles; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float m_new = row_max[mi][h];
+      float m = row_max[mi][h];
 #pragma unroll
       for (int w = 0; w < Tr::kNumWarps; ++w)
-        m_new = fmaxf(m_new, warp_max[w * Tr::kBlockM + 16 * mi + 8 * h + group]);
-      const float m_scaled = (m_new == -INFINITY) ? 0.f : m_new * scale_log2;
+        m = fmaxf(m, warp_max[w * Tr::kBlockM + 16 * mi + 8 * h + group]);
+      m_new[mi][h] = m;
+    }
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
       // exp(c (m_old - m_new)); 0 when the row had no visible key before (m_old = -inf).
       const float rescale = fa::exp2_approx(row_max[mi][h] * scale_log2 - m_scaled);
-      row_max[mi][h] = m_new;
-      o_scale[mi][h] = rescale;
+      row_sum[mi][h] *= rescale;
+    }
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[mi][h] = m_new[mi][h];
+      const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
       float block_sum = 0.f;
 #pragma unroll
       for (int nj = 0; nj < Tr::kNTilesS; ++nj)
@@ -356,9 +375,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
 #pragma unroll
       for (int w = 0; w < Tr::kNumWarps; ++w)
         block_sum += warp_sum[w * Tr::kBlockM + 16 * mi + 8 * h + group];
-      const float l_new = row_sum[mi][h] * o_scale[mi][h] + block_sum;
+      const float l_new = row_sum[mi][h] + block_sum;
       const float inv_l_new = l_new > 0.f ? 1.f / l_new : 0.f;
-      o_scale[mi][h] = row_sum[mi][h] * o_scale[mi][h] * inv_l_new;
+      o_scale[mi][h] = row_sum[mi][h] * inv_l_new;
       row_sum[mi][h] = l_new;
 #pragma unroll
       for (int nj = 0; nj < Tr::kNTilesS; ++nj)
@@ -603,7 +622,7 @@ __device__ __forceinline__ void store_o_and_lse(const float* o_hbm, const float*
 /// every (batch, head) (\f$B H N_q d\f$ floats), then m and then \f$\ell\f$
 /// (\f$B H N_q\f$ floats each).
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
+__global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, Traits<kHeadDim>::kMinBlocksPerSm)
     flash_forward_kernel(const fa_fwd_args args, const float scale_log2, float* const scratch) {
   using Tr = Traits<kHeadDim>;
   extern __shared__ __align__(128) char smem[];
@@ -616,8 +635,9 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 
   // FlashAttention-1 does not split the sequence over the grid: one thread block per
   // (head, batch) runs both loops.
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  const int pair = blockIdx.x;
+  const int head = pair % args.heads;
+  const int batch = pair / args.heads;
   const int head_kv = head / (args.heads / args.heads_kv);
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -704,7 +724,8 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 // Launcher
 // ------------------------------------------------------------------------------------------
 
-/// Launches the kernel for one dtype and head dimension: grid (1, heads, batch), and the fp32
+/// Launches the kernel for one dtype and head dimension: one thread block per (head, batch)
+/// (a one-dimensional grid of \f$B H\f$ blocks; the kernel decodes head and batch), and the fp32
 /// scratch for O, m and l in device memory (\f$B H N_q (d + 2)\f$ floats, allocated and freed
 /// in stream order).
 template <typename T, int kHeadDim>
@@ -728,7 +749,7 @@ fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
                          static_cast<long long>(args.batch) * args.heads * args.seqlen_q);
   }
   FA_CUDA_TRY(alloc_error);
-  const dim3 grid(1, args.heads, args.batch);
+  const dim3 grid(static_cast<unsigned>(args.batch) * args.heads);
   constexpr double kLog2e = 1.4426950408889634;
   const float scale_log2 = static_cast<float>(args.scale * kLog2e);
   kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2, scratch);

@@ -22,14 +22,16 @@
 /// separated by barriers.
 ///
 /// Everything else is as in step 05: one thread block per (Q block, head, batch), an inner
-/// loop over all K/V blocks, cp.async loads that overlap the matrix products, a swizzled
-/// shared-memory layout, ldmatrix fragment loads. Causal attention is done by masking.
+/// loop over all K/V blocks, two shared-memory stages of K and V so that the next block's
+/// tiles load while the current one is computed, a swizzled shared-memory layout, ldmatrix
+/// fragment loads. Causal attention is done by masking.
 ///
 /// Run: `./build/bin/04_deferred_rescale --seqlen 4096 --head-dim 128`
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -46,20 +48,24 @@ namespace {
 
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
 /// rows, kNumWarps warps. The 4 warps split the \f$B_c\f$ keys (16 each, one k16 step of
-/// \f$P V\f$) and share all \f$B_r\f$ rows. Shared memory holds Q, K, V, the fp32 o_acc
-/// (\f$B_r (d + 8) \cdot 4\f$ bytes) and the warps' row statistics: 44 KiB (d = 64) and
-/// 84 KiB (d = 128) at 64 x 64, which fits every sm_80+ GPU (at most 99 KiB per block on
-/// sm_86/89). A 128-row block at d = 128 would need 136 KiB: split-K pays for its shared
-/// o_acc with a smaller Q block (see NOTES.md for why d = 64 uses 64 rows too).
+/// \f$P V\f$) and share all \f$B_r\f$ rows. Shared memory holds Q, two stages of K and V,
+/// the fp32 o_acc (\f$B_r (d + 8) \cdot 4\f$ bytes) and the warps' row statistics:
+/// 60 KiB at 64 x 64 (d = 64) and 90 KiB at 32 x 64 (d = 128). That fits every sm_80+ GPU
+/// (at most 99 KiB per thread block on sm_86/sm_89); two thread blocks share an SM on the
+/// H100/H200 at d = 128. Split-K pays for its shared o_acc with a smaller Q block: 64 rows
+/// at d = 128 would need 116 KiB (NOTES.md). kMinBlocksPerSm is what shared memory lets an
+/// H100/H200 SM hold; `__launch_bounds__` passes it to ptxas so that the register budget is
+/// cut for that occupancy (left to itself, ptxas aims at more thread blocks than shared
+/// memory allows and spills to reach them).
 template <int kHeadDim>
 struct TileShape;
 template <>
 struct TileShape<64> {
-  static constexpr int kBlockM = 64, kBlockN = 64, kNumWarps = 4;
+  static constexpr int kBlockM = 64, kBlockN = 64, kNumWarps = 4, kMinBlocksPerSm = 3;
 };
 template <>
 struct TileShape<128> {
-  static constexpr int kBlockM = 64, kBlockN = 64, kNumWarps = 4;
+  static constexpr int kBlockM = 32, kBlockN = 64, kNumWarps = 4, kMinBlocksPerSm = 2;
 };
 
 /// Every size the kernel derives from the tile shape, in one place.
@@ -70,6 +76,7 @@ struct Traits {
   static constexpr int kBlockN = TileShape<kHeadDim>::kBlockN;  ///< \f$B_c\f$, K/V rows
   static constexpr int kNumWarps = TileShape<kHeadDim>::kNumWarps;
   static constexpr int kNumThreads = 32 * kNumWarps;
+  static constexpr int kMinBlocksPerSm = TileShape<kHeadDim>::kMinBlocksPerSm;
   static constexpr int kWarpKeys = kBlockN / kNumWarps;     ///< K/V rows owned by one warp
   static constexpr int kMTiles = kBlockM / 16;              ///< m16 mma tiles: all Q rows
   static constexpr int kNTilesS = kWarpKeys / 8;            ///< n8 tiles of S (this warp's keys)
@@ -80,10 +87,11 @@ struct Traits {
   static constexpr int kQBytes = kBlockM * kRowBytes;
   static constexpr int kKBytes = kBlockN * kRowBytes;
   static constexpr int kVBytes = kBlockN * kRowBytes;
+  static constexpr int kStageBytes = kKBytes + kVBytes;  ///< one K tile and one V tile
   static constexpr int kOAccPitch = kHeadDim + 8;  ///< floats per o_acc row (see accumulate_pv)
   static constexpr int kOAccBytes = kBlockM * kOAccPitch * 4;
   static constexpr int kStatsBytes = 2 * kNumWarps * kBlockM * 4;  ///< warp_max and warp_sum
-  static constexpr int kSmemBytes = kQBytes + kKBytes + kVBytes + kOAccBytes + kStatsBytes;
+  static constexpr int kSmemBytes = kQBytes + 2 * kStageBytes + kOAccBytes + kStatsBytes;
 
   static_assert(kBlockM % 16 == 0, "the Q block is whole m16 tiles");
   static_assert(kWarpKeys % 16 == 0, "each warp's keys are whole k16 steps of P V");
@@ -312,19 +320,33 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
                                                float (&o_scale)[Tr::kMTiles][2],
                                                const float* warp_max, float scale_log2, int lane) {
   const int group = lane / 4;
+  float m_new[Tr::kMTiles][2];
 #pragma unroll
   for (int mi = 0; mi < Tr::kMTiles; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float m_new = row_max[mi][h];
+      float m = row_max[mi][h];
 #pragma unroll
       for (int w = 0; w < Tr::kNumWarps; ++w)
-        m_new = fmaxf(m_new, warp_max[w * Tr::kBlockM + 16 * mi + 8 * h + group]);
-      const float m_scaled = (m_new == -INFINITY) ? 0.f : m_new * scale_log2;
+        m = fmaxf(m, warp_max[w * Tr::kBlockM + 16 * mi + 8 * h + group]);
+      m_new[mi][h] = m;
+    }
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
       // exp(c (m_old - m_new)); 0 when the row had no visible key before (m_old = -inf).
       const float rescale = fa::exp2_approx(row_max[mi][h] * scale_log2 - m_scaled);
-      row_max[mi][h] = m_new;
+      row_sum[mi][h] *= rescale;
       o_scale[mi][h] = rescale;
+    }
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[mi][h] = m_new[mi][h];
+      const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
       float block_sum = 0.f;
 #pragma unroll
       for (int nj = 0; nj < Tr::kNTilesS; ++nj)
@@ -334,7 +356,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
           s[mi][nj][2 * h + e] = p;
           block_sum += p;
         }
-      row_sum[mi][h] = row_sum[mi][h] * rescale + block_sum;
+      row_sum[mi][h] += block_sum;
     }
 }
 
@@ -496,27 +518,33 @@ __device__ __forceinline__ void store_o_and_lse(const float* o_acc,
 /// FlashAttention forward with the deferred rescale, warps split K. One thread block per
 /// (Q block, head, batch); warp w owns keys [16 w, 16 w + 16) of every K/V block and sees all
 /// Q rows. Per K/V block j, each warp computes \f$S_w = Q K_{j,w}^T\f$ and masks it; the warps
-/// exchange their row maxima through shared memory; each warp updates its copy of the online
-/// softmax and adds \f$P_w V_{j,w}\f$ into the shared o_acc. Per iteration: wait for K, start
-/// loading V, \f$Q K^T\f$, wait for V, start loading the next K, softmax, \f$P V\f$: each tile
-/// load overlaps the other product.
+/// exchange their row maxima through shared memory (one barrier); each warp updates its copy
+/// of the online softmax and adds \f$P_w V_{j,w}\f$ into the shared o_acc in 4 rounds
+/// (3 barriers). K and V have two shared-memory stages: at the top of block j (one
+/// barrier) the thread block starts loading \f$K_{j+1}, V_{j+1}\f$ into the stage that block
+/// j - 1 just left, and they land while block j is computed. `group_pairs` sets the order of
+/// the thread blocks (see launch()).
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
-    flash_forward_kernel(const fa_fwd_args args, const float scale_log2) {
+__global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, Traits<kHeadDim>::kMinBlocksPerSm)
+    flash_forward_kernel(const fa_fwd_args args, const float scale_log2, const int group_pairs) {
   using Tr = Traits<kHeadDim>;
   extern __shared__ __align__(128) char smem[];
   char* const q_tile = smem;
-  char* const k_tile = smem + Tr::kQBytes;
-  char* const v_tile = k_tile + Tr::kKBytes;
-  float* const o_acc = reinterpret_cast<float*>(v_tile + Tr::kVBytes);
+  char* const kv_stages = smem + Tr::kQBytes;  // stage s: K tile, then V tile
+  float* const o_acc = reinterpret_cast<float*>(kv_stages + 2 * Tr::kStageBytes);
   float* const warp_max = o_acc + Tr::kBlockM * Tr::kOAccPitch;    // [kNumWarps][kBlockM]
   float* const warp_sum = warp_max + Tr::kNumWarps * Tr::kBlockM;  // [kNumWarps][kBlockM]
 
-  // Under causal masking the last Q blocks do the most work; start them first so that the
-  // short blocks fill the tail of the grid.
-  const int q_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  // Which (q_block, head, batch) this thread block computes, in the order launch() explains.
+  const int num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int num_pairs = args.batch * args.heads;
+  const int group = blockIdx.x / (group_pairs * num_q_blocks);
+  const int in_group = blockIdx.x - group * group_pairs * num_q_blocks;
+  const int pairs_in_group = min(group_pairs, num_pairs - group * group_pairs);
+  const int q_block = num_q_blocks - 1 - in_group / pairs_in_group;  // last Q blocks first
+  const int pair = group * group_pairs + in_group % pairs_in_group;
+  const int head = pair % args.heads;
+  const int batch = pair / args.heads;
   const int head_kv = head / (args.heads / args.heads_kv);
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -551,17 +579,26 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 
   const int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
 
-  // Prologue: Q and the first K tile in one cp.async group.
+  // Prologue: Q, K_0 and V_0 in one cp.async group, into stage 0.
   load_tile_async<Tr, Tr::kBlockM>(q_tile, q, args.q.row_stride, q_start, seqlen_q, tid);
-  load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, 0, seqlen_k, tid);
+  load_tile_async<Tr, Tr::kBlockN>(kv_stages, k, args.k.row_stride, 0, seqlen_k, tid);
+  load_tile_async<Tr, Tr::kBlockN>(kv_stages + Tr::kKBytes, v, args.v.row_stride, 0, seqlen_k, tid);
   fa::cp_async_commit();
 
   for (int kv_block = 0; kv_block < n_blocks; ++kv_block) {
     const int kv_start = kv_block * Tr::kBlockN;
+    const char* const k_tile = kv_stages + (kv_block % 2) * Tr::kStageBytes;
+    const char* const v_tile = k_tile + Tr::kKBytes;
     fa::cp_async_wait<0>();
-    __syncthreads();  // K_j has landed; every warp is done with V_{j-1}
-    load_tile_async<Tr, Tr::kBlockN>(v_tile, v, args.v.row_stride, kv_start, seqlen_k, tid);
-    fa::cp_async_commit();
+    __syncthreads();  // K_j and V_j have landed; every warp is done with block j - 1's stage
+    if (kv_block + 1 < n_blocks) {  // K_{j+1} and V_{j+1} into that stage
+      char* const next = kv_stages + ((kv_block + 1) % 2) * Tr::kStageBytes;
+      load_tile_async<Tr, Tr::kBlockN>(next, k, args.k.row_stride, kv_start + Tr::kBlockN, seqlen_k,
+                                       tid);
+      load_tile_async<Tr, Tr::kBlockN>(next + Tr::kKBytes, v, args.v.row_stride,
+                                       kv_start + Tr::kBlockN, seqlen_k, tid);
+      fa::cp_async_commit();
+    }
 
     float s[Tr::kMTiles][Tr::kNTilesS][4];
     compute_scores<Tr, T>(s, q_tile, k_tile, warp_key0, lane);
@@ -572,14 +609,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
       apply_mask<Tr>(s, q_start + lane / 4, kv_start + warp_key0, seqlen_q, seqlen_k, args.causal,
                      lane);
     publish_row_max<Tr>(s, warp_max, warp, lane);
-
-    fa::cp_async_wait<0>();
-    __syncthreads();  // V_j has landed; every warp is done with K_j and published its maxima
-    if (kv_block + 1 < n_blocks) {
-      load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, kv_start + Tr::kBlockN,
-                                       seqlen_k, tid);
-      fa::cp_async_commit();
-    }
+    __syncthreads();  // every warp's row maxima are published
 
     float o_scale[Tr::kMTiles][2];
     online_softmax<Tr>(s, row_max, row_sum, o_scale, warp_max, scale_log2, lane);
@@ -593,7 +623,15 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 // Launcher
 // ------------------------------------------------------------------------------------------
 
-/// Launches the kernel for one dtype and head dimension: grid (Q blocks, heads, batch).
+/// Launches the kernel for one dtype and head dimension: one thread block per (Q block, head,
+/// batch), in a one-dimensional grid whose order the kernel decodes. The (batch, head) pairs
+/// are taken in groups; inside a group the thread blocks start with the last Q block of every
+/// pair, then the one before it, and so on. Under causal masking the last Q blocks do the
+/// most work, so the longest thread blocks start first and the short ones fill the tail of
+/// the grid. A group holds at least 4 waves of resident thread blocks, enough for that order
+/// to balance the SMs, and no more pairs than that, so that the thread blocks that read the
+/// same K and V run at the same time and share them in L2. Without causal masking every
+/// thread block has the same work and a group is one pair: one head's Q blocks run together.
 template <typename T, int kHeadDim>
 fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   using Tr = Traits<kHeadDim>;
@@ -602,10 +640,26 @@ fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   if (Tr::kSmemBytes > 48 * 1024)
     FA_CUDA_TRY(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-  const dim3 grid((args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, args.heads, args.batch);
+  const int64_t num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int64_t num_pairs = static_cast<int64_t>(args.batch) * args.heads;
+  if (num_q_blocks * num_pairs > INT32_MAX)
+    return fa::set_error(FA_ERR_UNSUPPORTED, "%s: more than 2^31 - 1 thread blocks", FA_STEP_NAME);
+  int64_t group_pairs = 1;
+  if (args.causal) {
+    int device = 0, num_sms = 0, blocks_per_sm = 0;
+    FA_CUDA_TRY(cudaGetDevice(&device));
+    FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
+                                                              Tr::kNumThreads, Tr::kSmemBytes));
+    const int64_t resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
+    const int64_t num_groups = std::max<int64_t>(1, num_q_blocks * num_pairs / (4 * resident));
+    group_pairs = (num_pairs + num_groups - 1) / num_groups;
+  }
+  const dim3 grid(static_cast<unsigned>(num_q_blocks * num_pairs));
   constexpr double kLog2e = 1.4426950408889634;
   const float scale_log2 = static_cast<float>(args.scale * kLog2e);
-  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2);
+  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2,
+                                                            static_cast<int>(group_pairs));
   FA_LAUNCH_TRY();
   return FA_OK;
 }

@@ -19,8 +19,8 @@
 /// - (step 04 removes it) FlashAttention-1's update is kept: o_acc is normalized at every K/V
 ///   block, \f$O \leftarrow \mathrm{diag}(\ell^{new})^{-1} (\mathrm{diag}(\ell)
 ///   e^{m - m^{new}} O + P V)\f$ (Algorithm 1 line 12), which needs the full row sum every
-///   block: one more exchange through shared memory and one more barrier, and one division
-///   and two multiplications more per row and per element.
+///   block: one more exchange through shared memory and one more barrier, one division more
+///   per row and one multiplication more per probability.
 /// - (step 05 removes it) The warps split K, as FlashAttention-1 did. All 4 warps share the
 ///   whole Q block; each takes a quarter of the keys of the K/V block. So each warp reads the
 ///   whole Q tile from shared memory, the row maxima and sums of every block go through

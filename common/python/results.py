@@ -188,6 +188,7 @@ def readme_block(doc, json_name, png_name):
         "![TFLOP/s per step](docs/results/%s)" % png_name,
         "",
     ]
+    any_missing = False
     for direction, title in DIRECTIONS:
         names = impls(doc, direction)
         if not names:
@@ -214,6 +215,7 @@ def readme_block(doc, json_name, png_name):
                 if hm is None:
                     cells.append("-")
                     continue
+                any_missing = any_missing or missing
                 cell = fmt_tflops(hm) + ("*" if missing else "")
                 if ref and impl != FLASH:
                     ratio = harmonic_mean([a for a, _ in ref]) / harmonic_mean([b for _, b in ref])
@@ -223,8 +225,9 @@ def readme_block(doc, json_name, png_name):
                 os.path.join(REPO, impl, "README.md")) else label(impl)
             lines.append("| %s | %s |" % (name, " | ".join(cells)))
         lines.append("")
-    lines.append("\\* some sequence lengths of this range failed or did not run; see "
-                 "docs/results.md.")
+    if any_missing:
+        lines.append("\\* some sequence lengths of this range failed or did not run; see "
+                     "docs/results.md.")
     return "\n".join(lines)
 
 

@@ -126,6 +126,20 @@ struct MeasureOptions {
   bool deterministic = false;  ///< backward in deterministic mode
 };
 
+/// The MeasureOptions of a runner's or the bench's flags (both have the same fields), with
+/// `seed` for the row sample.
+template <typename Flags>
+MeasureOptions measure_options(const Flags& flags, uint64_t seed) {
+  MeasureOptions m;
+  m.check = flags.check;
+  m.check_rows = flags.check_rows;
+  m.seed = seed;
+  m.warmup = flags.warmup;
+  m.repeats = flags.repeats;
+  m.deterministic = flags.deterministic;
+  return m;
+}
+
 /// Checks (optionally) and times one step on one problem in one direction ("fwd" or "bwd")
 /// and returns the row for the report (rates and speed-ups are filled later). API errors
 /// (e.g. an unsupported head dim, or a problem too large) end up in ResultRow::error.

@@ -87,14 +87,7 @@ int main(int argc, char** argv) {
       for (const std::string& dir : opt.directions)
         for (const std::string& st : steps) {
           if (dir == "bwd" && fa_step_has_backward(st.c_str()) != 1) continue;
-          fa::MeasureOptions m;
-          m.check = opt.check;
-          m.check_rows = opt.check_rows;
-          m.seed = spec.seed;
-          m.warmup = opt.warmup;
-          m.repeats = opt.repeats;
-          m.deterministic = opt.deterministic;
-          rows.push_back(fa::measure(st, dir, dp, problem, m));
+          rows.push_back(fa::measure(st, dir, dp, problem, fa::measure_options(opt, spec.seed)));
           const fa::ResultRow& r = rows.back();
           if (!r.error.empty() || (r.checked && !r.passed)) ++failed;
           ++done;

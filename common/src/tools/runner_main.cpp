@@ -84,15 +84,8 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     const fa::HostProblem problem = fa::make_problem(opt.shape, spec);
     fa::DeviceProblem dp(problem, fa::Layout::kContiguous, opt.backward);
-    fa::MeasureOptions m;
-    m.check = opt.check;
-    m.check_rows = opt.check_rows;
-    m.seed = opt.seed;
-    m.warmup = opt.warmup;
-    m.repeats = opt.repeats;
-    m.deterministic = opt.deterministic;
-    std::vector<fa::ResultRow> rows = {
-        fa::measure(step, opt.backward ? "bwd" : "fwd", dp, problem, m)};
+    std::vector<fa::ResultRow> rows = {fa::measure(step, opt.backward ? "bwd" : "fwd", dp, problem,
+                                                   fa::measure_options(opt, opt.seed))};
     fa::compute_rates(&rows, ceilings);
     fa::print_table(std::cout, gpu, ceilings, rows);
     if (!opt.out.empty()) {

@@ -353,7 +353,7 @@ def step_block(doc, step, json_name):
     return "\n".join(out).rstrip("\n")
 
 
-def page(doc, json_name, png_name, ceilings_png, bench):
+def page(doc, json_name, png_name, ceilings_png, bench, io_text=None):
     """docs/results.md."""
     idx = index(doc)
     ns = seqlens(doc)
@@ -417,6 +417,9 @@ def page(doc, json_name, png_name, ceilings_png, bench):
     out += error_section(doc)
     if bench is not None:
         out += ceilings_section(doc, bench, ceilings_png)
+    if io_text:
+        # profile_io.py's table (docs/results/<gpu>_io.md), measured with Nsight Compute.
+        out += ["## Device-memory traffic", "", io_text.strip(), ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 
@@ -654,8 +657,10 @@ def main(argv=None):
                 continue
             texts[path] = replace_block(old, block, STEP_BEGIN, STEP_END, path)
     if not a.no_page:
+        io_path = os.path.join(results_dir, slug + "_io.md")
+        io_text = open(io_path).read() if os.path.exists(io_path) else None
         texts[a.page] = page(doc, json_name, os.path.basename(png), os.path.basename(cpng),
-                             bench)
+                             bench, io_text)
     if a.check:
         stale = []
         for path, text in texts.items():

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <sstream>
@@ -160,6 +161,22 @@ void add_run_flags(std::vector<Flag>* flags, Options* o) {
   flags->insert(flags->end(), shared.begin(), shared.end());
 }
 
+/// The help lines of the flags add_run_flags() adds, with the defaults of `d`.
+template <typename Options>
+std::string run_flags_usage(const Options& d) {
+  char text[640];
+  std::snprintf(text, sizeof text,
+                "  --seed N           input seed (fresh each run, printed)\n"
+                "  --warmup N         untimed runs (%d)\n"
+                "  --repeats N        timed runs, median reported (%d)\n"
+                "  --no-check         skip the oracle checks\n"
+                "  --check-rows N     rows sampled per check (%d)\n"
+                "  --deterministic    backward without float atomics\n"
+                "  --out FILE         also write the results as .csv or .json\n",
+                d.warmup, d.repeats, d.check_rows);
+  return text;
+}
+
 }  // namespace
 
 bool parse_runner_args(const std::vector<std::string>& args, RunnerOptions* o, std::string* error) {
@@ -214,16 +231,10 @@ std::string runner_usage(const std::string& program) {
          "  --dtype T          fp16 or bf16 (fp16)\n"
          "  --causal           causal mask, bottom-right aligned\n"
          "  --scale X          softmax scale (1/sqrt(head dim))\n"
-         "  --seed N           input seed (fresh each run, printed)\n"
          "  --magnitude X      Q, K uniform in [-X, X] (1)\n"
-         "  --warmup N         untimed runs (5)\n"
-         "  --repeats N        timed runs, median reported (20)\n"
-         "  --no-check         skip the oracle check\n"
-         "  --check-rows N     rows sampled for the check (256)\n"
          "  --backward         time the backward pass (after a forward)\n"
-         "  --deterministic    backward without float atomics\n"
-         "  --no-ceilings      skip measuring the mma.sync and cuBLAS ceilings\n"
-         "  --out FILE         also write the result as .csv or .json\n";
+         "  --no-ceilings      skip measuring the mma.sync and cuBLAS ceilings\n" +
+         run_flags_usage(RunnerOptions());
 }
 
 bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* o, std::string* error) {
@@ -300,14 +311,8 @@ std::string bench_usage(const std::string& program) {
          "  --direction X      fwd, bwd or both (both; bwd only for steps that have one)\n"
          "  --dtype T          fp16 or bf16 (fp16)\n"
          "  --tokens N         tokens per batch (16384)\n"
-         "  --hidden N         hidden size = heads * head dim (2048)\n"
-         "  --warmup N         untimed runs (3)\n"
-         "  --repeats N        timed runs, median reported (10)\n"
-         "  --no-check         skip the oracle checks\n"
-         "  --check-rows N     rows sampled per check (64)\n"
-         "  --seed N           input seed (fresh, printed)\n"
-         "  --deterministic    deterministic backward\n"
-         "  --out FILE         also write the results as .csv or .json\n";
+         "  --hidden N         hidden size = heads * head dim (2048)\n" +
+         run_flags_usage(BenchOptions());
 }
 
 }  // namespace fa

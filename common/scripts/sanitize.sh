@@ -22,6 +22,9 @@
 #       runs that would not fit are cut short (TIMEOUT) or not started (NOT-RUN), and the
 #       summary is still printed: use it under a hard wall-clock limit
 #   FA_SANITIZE_JOBS=8                         (tool, step) runs at the same time (nproc/2, <= 8)
+#   FA_SANITIZE_SHARDS="01_naive:initcheck=8"  split a (tool, step) run into N gtest shards
+#       (GTEST_TOTAL_SHARDS) that run side by side, for the slow ones (cuBLAS under initcheck);
+#       space-separated STEP:TOOL=N entries, STEP or TOOL may be '*'. Results are summed.
 #   FA_INITCHECK_IGNORE='regex'                initcheck errors in kernels whose name matches
 #       are listed as "ignored" instead of failing (for a library kernel shown to be a false
 #       positive, e.g. reads of a cudaMallocAsync pool the tool cannot see initialized). Empty
@@ -99,8 +102,18 @@ filter_for() {  # the gtest filter of one step
   echo "$f"
 }
 
-run_one() {  # tool step: runs one tool over one step's slice, writes "<rc> <seconds>" to .rc
+shards_for() {  # tool step -> how many gtest shards its run is split into
+  local e n=1
+  for e in ${FA_SANITIZE_SHARDS:-}; do
+    case "$2:$1" in ${e%%=*}) n=${e#*=} ;; esac
+  done
+  echo "$n"
+}
+
+run_one() {  # tool step shard shards: one tool over one shard of a step's slice; writes
+  # "<rc> <seconds>" to <base>.rc, base = $out/<tool>_<step>[.<shard>]
   local tool=$1 s=$2 base="$out/${1}_${2}"
+  [ "$4" -gt 1 ] && base+=".$3"
   local t0=$SECONDS rc limit=$timeout_s
   if [ -n "$deadline" ]; then  # stay inside the overall budget, keeping time for the summary
     limit=$((deadline - SECONDS - 20))
@@ -111,7 +124,7 @@ run_one() {  # tool step: runs one tool over one step's slice, writes "<rc> <sec
       return
     fi
   fi
-  timeout --kill-after=15 "$limit" "$cs" --tool "$tool" \
+  GTEST_TOTAL_SHARDS=$4 GTEST_SHARD_INDEX=$3 timeout --kill-after=15 "$limit" "$cs" --tool "$tool" \
     --error-exitcode 99 --print-limit 200 --log-file "$base.sanitizer.log" \
     "$bin" --gtest_filter="$(filter_for "$s")" > "$base.log" 2>&1
   rc=$?
@@ -124,19 +137,27 @@ deadline=""
 [ -n "${FA_SANITIZE_BUDGET:-}" ] && deadline=$((SECONDS + FA_SANITIZE_BUDGET))
 for s in $steps; do
   for tool in $tools; do
-    rm -f "$out/${tool}_${s}".{rc,log,sanitizer.log,ignored.txt}
-    run_one "$tool" "$s" &
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+    rm -f "$out/${tool}_${s}".{rc,log,sanitizer.log,ignored.txt} "$out/${tool}_${s}".[0-9]*.*
+    n=$(shards_for "$tool" "$s")
+    for ((i = 0; i < n; i++)); do
+      run_one "$tool" "$s" "$i" "$n" &
+      while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+    done
   done
 done
 wait
 
-# One line per tool and step.
+# One line per tool and step (per shard of a sharded run: "01_naive[3/8]").
 failed=0
 printf "%-10s %-22s %-8s %s\n" tool step result details | tee -a "$out/summary.txt"
 for tool in $tools; do
-  for s in $steps; do
-    base="$out/${tool}_${s}"
+  for unit in $(for s in $steps; do
+                  n=$(shards_for "$tool" "$s")
+                  if [ "$n" -gt 1 ]; then seq -f "$s.%g/$n" 0 $((n - 1)); else echo "$s"; fi
+                done); do
+    s=${unit%%.*}
+    base="$out/${tool}_${unit%/*}"
+    [ "$unit" != "$s" ] && s="$s[${unit#*.}]"
     read -r rc secs < "$base.rc" || { rc=1; secs=0; }
     log=$base.log
     slog=$base.sanitizer.log

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "fa/api.h"
 #include "fa/check.cuh"
@@ -714,13 +715,19 @@ struct BwdTraits {
   static constexpr int kOffLse = kOffPt + (kPtInSmem ? kDsBytes : 0);
   static constexpr int kOffD = kOffLse + 2 * kStatBytes;
   static constexpr int kStageStride = kHeadDim + 8;  ///< fp32 staging row, padded
-  static constexpr int kSmemMain = kOffD + 2 * kStatBytes;
+  // dQ staging (large shapes): each warp's dQ fragments, fp32, in the dq_accum layout, for
+  // the bulk reduction into dq_accum (sm_90, see accumulate_dq).
+  static constexpr bool kDqStage = kLargeSmem && kPtInSmem;
+  static constexpr int kOffDqStage = kOffD + 2 * kStatBytes;
+  static constexpr int kSmemMain = kOffDqStage + (kDqStage ? kBlockM * kHeadDim * 4 : 0);
   static constexpr int kSmemEpilogue = 4 * kKvParts * kBlockN * kStageStride;
   static constexpr int kSmemBytes = kSmemMain > kSmemEpilogue ? kSmemMain : kSmemEpilogue;
   // dQ = dS K_j: warp w computes query rows 32 (w % kDqWarpsM) + [0, 32) (two m16 tiles) and
   // kDqCols head-dim columns, so that each ldmatrix of K feeds two mmas.
   static constexpr int kDqWarpsM = kBlockM / 32;
   static constexpr int kDqCols = kHeadDim / (kNumWarps / kDqWarpsM);
+  static constexpr int kDqNTiles = kDqCols / 8;  ///< n8 tiles of a warp's dQ tile
+  static constexpr int kDqWarpFloats = kBlockM * kHeadDim / kNumWarps;  ///< one warp's dQ
 
   static_assert(kSMTiles == (kPtInSmem ? 2 : 1), "16 keys per warp, or 32 with P in smem");
   static_assert(!kPtInSmem || kStagesDo == 2, "dO_i is read until the end of the q_block");
@@ -731,7 +738,7 @@ struct BwdTraits {
   static_assert(kKvNTiles % 2 == 0 && kDqCols % 16 == 0, "n8 tiles come in pairs");
   static_assert(kNumThreads % kChunksPerRow == 0, "a thread copies one column of chunks");
   static_assert(kRowPad % kBlockM == 0, "the padded scratch covers whole q_blocks");
-  static_assert(kSmemBytes <= (kLargeSmem ? 163 : 99) * 1024, "fits the GPUs it is built for");
+  static_assert(kSmemBytes <= (kLargeSmem ? 227 : 99) * 1024, "fits the GPUs it is built for");
 };
 
 /// The large shape where it differs from the small one and the GPU has the shared memory.
@@ -1015,15 +1022,77 @@ __device__ __forceinline__ void store_tile_fragments(char* tile,
             frag[mt][nt][h];
 }
 
-/// Adds two adjacent floats to fp32 device memory (`dst` 8-byte aligned): one vector
-/// `red.global.add.v2.f32` on sm_90, two scalar atomics before.
-__device__ __forceinline__ void atomic_add_pair(float* dst, float x, float y) {
+/// Adds four floats to fp32 device memory (`dst` 16-byte aligned): one vector
+/// `red.global.add.v4.f32` on sm_90, four scalar atomics before.
+__device__ __forceinline__ void atomic_add4(float* dst, const float (&v)[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x, y));
+  atomicAdd(reinterpret_cast<float4*>(dst), make_float4(v[0], v[1], v[2], v[3]));
 #else
-  atomicAdd(dst, x);
-  atomicAdd(dst + 1, y);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) atomicAdd(dst + e, v[e]);
 #endif
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/// The bulk reduction below exists (sm_90: the Tensor Memory Accelerator, TMA).
+constexpr bool kHasBulkReduce = true;
+#else
+constexpr bool kHasBulkReduce = false;
+#endif
+
+/// \f$dst_i \mathrel{+}= src_i\f$ for `bytes` bytes of fp32 (a multiple of 16, both 16-byte
+/// aligned), `src` in shared memory: one `cp.reduce.async.bulk ... .add.f32` issued by one
+/// thread; the TMA unit reads shared memory and adds in L2 while the warp goes on, without
+/// the registers or load/store queue that `red.global` needs. Committed as one bulk group.
+__device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(dst),
+      "r"(static_cast<uint32_t>(__cvta_generic_to_shared(src))), "r"(bytes)
+      : "memory");
+#endif
+}
+
+/// Waits until this thread's bulk groups have read their shared-memory source (kReadOnly)
+/// or have completed.
+template <bool kReadOnly>
+__device__ __forceinline__ void bulk_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kReadOnly)
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  else
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+/// Makes this thread's earlier shared-memory stores visible to the async proxy (the TMA).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/// The dq_accum layout. The main kernel adds each thread's dQ fragments where the thread holds
+/// them: in the \f$B_r \times d\f$ slice of dq_accum that belongs to a q_block, the m16n8
+/// fragment (mt, nd) of thread tid (its 4 accumulator floats) is the float4 at index
+/// dq_fragment_index(): each warp owns one contiguous stretch of kDqWarpFloats floats, lanes
+/// side by side. A warp's atomic add then covers 512 contiguous bytes (4 cache lines) instead
+/// of 8 rows of the row-major tile, and on sm_90 the warp's whole stretch goes as one bulk
+/// reduction (FlashAttention-2 stores dQaccum in its threads' order too). The convert kernel
+/// reads it back with the same mapping. Warp w computes query rows dq_warp_row0(w) + [0, 32) and
+/// head-dim columns dq_warp_col0(w) + [0, kDqCols) of the q_block (see mma_ds_k).
+template <class Tr>
+__device__ __forceinline__ int dq_fragment_index(int mt, int nd, int tid) {
+  return ((tid / 32) * 2 * Tr::kDqNTiles + mt * Tr::kDqNTiles + nd) * 32 + tid % 32;
+}
+template <class Tr>
+__device__ __forceinline__ int dq_warp_row0(int warp) {
+  return 32 * (warp % Tr::kDqWarpsM);
+}
+template <class Tr>
+__device__ __forceinline__ int dq_warp_col0(int warp) {
+  return Tr::kDqCols * (warp / Tr::kDqWarpsM);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1059,10 +1128,10 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int e = 0; e < 8; ++e) dot += to_float(o_el[e]) * to_float(do_el[e]);
     }
-    if (dq_accum != nullptr) {
-      float4* dq_row = reinterpret_cast<float4*>(dq_accum + (bh * f.seqlen_q + row) * kHeadDim);
-      for (int i = sub; i < kHeadDim / 4; i += kLanesPerRow) dq_row[i] = make_float4(0, 0, 0, 0);
-    }
+  }
+  if (dq_accum != nullptr) {  // every row of the padded slice (dq_accum layout: whole q_blocks)
+    float4* dq_row = reinterpret_cast<float4*>(dq_accum + (bh * seqlen_q_pad + row) * kHeadDim);
+    for (int i = sub; i < kHeadDim / 4; i += kLanesPerRow) dq_row[i] = make_float4(0, 0, 0, 0);
   }
   for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2)
     dot += __shfl_xor_sync(0xffffffffu, dot, offset);
@@ -1179,11 +1248,10 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
   const T* const v =
       static_cast<const T*>(f.v.ptr) + batch * f.v.batch_stride + head_kv * f.v.head_stride;
 
-  // Starts loading iteration it's q_block into buffer it % 2: Q with its lse and D, and/or dO.
-  auto load_q_block = [&](int it, bool with_q, bool with_do) {
-    const int head = head_kv * group_size + it / m_count;
-    const int q_start = (m_begin + it % m_count) * Tr::kBlockM;
-    const int buf = it & 1;
+  // Starts loading q_block `q_block` of query head `head` into buffer `buf`: Q with its lse
+  // and D, and/or dO.
+  auto load_q_block = [&](int head, int q_block, int buf, bool with_q, bool with_do) {
+    const int q_start = q_block * Tr::kBlockM;
     if (with_q) {
       const T* q =
           static_cast<const T*>(f.q.ptr) + batch * f.q.batch_stride + head * f.q.head_stride;
@@ -1210,7 +1278,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
   // Prologue: K_j, V_j and the first q_block in one cp.async group.
   load_tile_async<Tr, Tr::kBlockN>(k_tile, k, f.k.row_stride, kv_start, seqlen_k, tid);
   load_tile_async<Tr, Tr::kBlockN>(v_tile, v, f.v.row_stride, kv_start, seqlen_k, tid);
-  if (n_iters > 0) load_q_block(0, true, true);
+  if (n_iters > 0) load_q_block(head_kv * group_size, m_begin, 0, true, true);
   fa::cp_async_commit();
 
   // On-chip state for the whole loop: this warp's part of dV_j and (unscaled) dK_j.
@@ -1222,10 +1290,24 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
 #pragma unroll
       for (int e = 0; e < 4; ++e) dv_acc[mt][nd][e] = dk_acc[mt][nd][e] = 0.f;
 
+  // Iteration it visits (query head, q_block) = (head, q_block): the q_blocks of one head in
+  // order, then the next head of the group (counters, not it / m_count: no integer division).
+  int head = head_kv * group_size, q_block = m_begin;
+  // sm_90, P in registers: the dq_accum slice whose dQ this warp has staged but not yet handed
+  // to the TMA (the reduction is issued at the top of the next iteration, see accumulate_dq).
+  float* dq_pending = nullptr;
+  float* const dq_stage = reinterpret_cast<float*>(smem + Tr::kOffDqStage);
+  const int dq_warp_part = warp * Tr::kDqWarpFloats;  // this warp's stretch of a dQ slice
+  auto issue_dq_pending = [&]() {
+    if (dq_pending != nullptr && lane == 0)
+      bulk_reduce_add(dq_pending + dq_warp_part, dq_stage + dq_warp_part, Tr::kDqWarpFloats * 4);
+    dq_pending = nullptr;
+  };
   for (int it = 0; it < n_iters; ++it) {
-    const int head = head_kv * group_size + it / m_count;
-    const int q_start = (m_begin + it % m_count) * Tr::kBlockM;
+    const int q_start = q_block * Tr::kBlockM;
     const int buf = it & 1;
+    int next_head = head, next_q_block = q_block + 1;
+    if (next_q_block == n_q_blocks) next_q_block = m_begin, ++next_head;
     const char* const q_tile = smem + Tr::kOffQ + buf * Tr::kQBytes;
     const char* const do_tile = smem + Tr::kOffDo + (Tr::kStagesDo == 2 ? buf : 0) * Tr::kQBytes;
     const float* const lse_tile =
@@ -1235,8 +1317,56 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
 
     fa::cp_async_wait<0>();
     __syncthreads();  // Q_i, dO_i, lse, D have landed; every warp is done with the other buffer
-    if (it + 1 < n_iters) load_q_block(it + 1, true, Tr::kStagesDo == 2);
+    issue_dq_pending();
+    if (it + 1 < n_iters) load_q_block(next_head, next_q_block, buf ^ 1, true, Tr::kStagesDo == 2);
     fa::cp_async_commit();
+
+    // dq_accum_i += dS K_j (atomic mode): warp w takes query rows dq_warp_row0(w) + [0, 32)
+    // and kDqCols head-dim columns, then adds each m16n8 fragment with one 16-byte atomic, in
+    // the dq_accum layout (dq_fragment_index). Rows that see no key of this kv_block (causal,
+    // above the diagonal) or do not exist are skipped.
+    auto accumulate_dq = [&]() {
+      if constexpr (kAtomicDq) {
+        const int dq_row0 = dq_warp_row0<Tr>(warp), dq_col0 = dq_warp_col0<Tr>(warp);
+        const bool rows_empty =
+            q_start + dq_row0 >= seqlen_q || (f.causal && q_start + dq_row0 + 31 + diag < kv_start);
+        if (!rows_empty) {
+          float dq[2][Tr::kDqNTiles][4];
+          mma_ds_k<Tr, Ds, Tr::kDqNTiles, T>(dq, ds_tile, dq_row0, k_tile, dq_col0, lane);
+          float* const dst =
+              dq_accum +
+              ((static_cast<int64_t>(batch) * f.heads + head) * seqlen_q_pad + q_start) * kHeadDim;
+          if constexpr (Tr::kDqStage && kHasBulkReduce) {
+            // sm_90: the warp stages its fragments in shared memory (in the dq_accum layout)
+            // and one lane hands the whole stretch to the TMA as one bulk reduction. The
+            // registers are free as soon as the stores are issued; no red.global queue.
+            float* const stage = dq_stage;
+            if (lane == 0) bulk_wait<true>();  // the previous reduction has read the stage
+            __syncwarp();
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+              for (int nd = 0; nd < Tr::kDqNTiles; ++nd)
+                *reinterpret_cast<float4*>(stage + 4 * dq_fragment_index<Tr>(mt, nd, tid)) =
+                    make_float4(dq[mt][nd][0], dq[mt][nd][1], dq[mt][nd][2], dq[mt][nd][3]);
+            fence_proxy_async_shared();
+            __syncwarp();
+            // With P in shared memory the reduction goes now, mid-iteration. With P in
+            // registers this is the end of the iteration, and the cp.async wait at the top of
+            // the next one would also wait for the reduction to complete (the same counter):
+            // it is issued after that wait instead, and has a whole iteration to finish.
+            dq_pending = dst;
+            if constexpr (Tr::kPtInSmem) issue_dq_pending();
+          } else {
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+              for (int nd = 0; nd < Tr::kDqNTiles; ++nd)
+                atomic_add4(dst + 4 * dq_fragment_index<Tr>(mt, nd, tid), dq[mt][nd]);
+          }
+        }
+      }
+    };
 
     // Elements need the mask only where the key does not exist (ragged last kv_block) or,
     // under causal masking, j > i + diag: only q_blocks that cross the diagonal test them.
@@ -1255,24 +1385,33 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
           uint32_t p_frag[2][Tr::kNTilesS][2];
           float s[2][Tr::kNTilesS][4];
           mma_abt_tile<Tr, 2, Tr::kNTilesS, T>(s, k_tile, key0, q_tile, query0, lane);
+          // Two copies of this loop (kMask = needs_mask): most q_blocks need no mask, and a
+          // runtime test per element would cost 3-4 integer instructions each.
+          auto exp_scores = [&](auto mask) {
+            constexpr bool kMask = decltype(mask)::value;
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < Tr::kNTilesS; ++nt) {
-              const int col = query0 + 8 * nt + 2 * quad;  // S^T columns are queries
-              const float2 lse = *reinterpret_cast<const float2*>(lse_tile + col);
+              for (int nt = 0; nt < Tr::kNTilesS; ++nt) {
+                const int col = query0 + 8 * nt + 2 * quad;  // S^T columns are queries
+                const float2 lse = *reinterpret_cast<const float2*>(lse_tile + col);
 #pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                float p =
-                    fa::exp2_approx(fmaf(s[mt][nt][e], scale_log2, (e & 1) ? -lse.y : -lse.x));
-                if (needs_mask) {
-                  const int key = kv_start + key0 + 16 * mt + group + 8 * (e >> 1);
-                  const int row = q_start + col + (e & 1);
-                  if (key >= seqlen_k || (f.causal && key > row + diag)) p = 0.f;
+                for (int e = 0; e < 4; ++e) {
+                  float p =
+                      fa::exp2_approx(fmaf(s[mt][nt][e], scale_log2, (e & 1) ? -lse.y : -lse.x));
+                  if constexpr (kMask) {
+                    const int key = kv_start + key0 + 16 * mt + group + 8 * (e >> 1);
+                    const int row = q_start + col + (e & 1);
+                    if (key >= seqlen_k || (f.causal && key > row + diag)) p = 0.f;
+                  }
+                  s[mt][nt][e] = p;
                 }
-                s[mt][nt][e] = p;
               }
-            }
+          };
+          if (needs_mask)
+            exp_scores(std::true_type{});
+          else
+            exp_scores(std::false_type{});
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) pack_fragments<T>(p_frag[mt], s[mt]);
           store_tile_fragments<Ds>(pt_tile, p_frag, key0, query0, lane);
@@ -1311,6 +1450,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
         store_tile_fragments<Ds>(ds_tile, zero, key0, query0, lane);
       }
       __syncthreads();  // P^T, dS^T of the whole block are in
+      // dQ first: its atomics drain while the tensor cores run dV and dK.
+      accumulate_dq();
 
       // dV_j += P^T dO_i and dK_j += dS^T Q_i: warp (n, c) owns keys key0 + [0, 32) and
       // head-dim columns kv_col0 + [0, d / 2), all queries of the q_block (the softmax scale
@@ -1339,23 +1480,31 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
             float s[Tr::kNTilesS][4], dp[Tr::kNTilesS][4];
             mma_abt_pair<Tr, Tr::kNTilesS, T>(s, dp, k_tile, v_tile, key0, q_tile, do_tile, col0,
                                               lane);
+            // Two copies of this loop, as in the other scheme (kMask = needs_mask).
+            auto exp_scores = [&](auto mask) {
+              constexpr bool kMask = decltype(mask)::value;
 #pragma unroll
-            for (int nt = 0; nt < Tr::kNTilesS; ++nt) {
-              const int col = col0 + 8 * nt + 2 * quad;  // S^T columns are queries
-              const float2 lse = *reinterpret_cast<const float2*>(lse_tile + col);
-              const float2 d = *reinterpret_cast<const float2*>(d_tile + col);
+              for (int nt = 0; nt < Tr::kNTilesS; ++nt) {
+                const int col = col0 + 8 * nt + 2 * quad;  // S^T columns are queries
+                const float2 lse = *reinterpret_cast<const float2*>(lse_tile + col);
+                const float2 d = *reinterpret_cast<const float2*>(d_tile + col);
 #pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                float p = fa::exp2_approx(fmaf(s[nt][e], scale_log2, (e & 1) ? -lse.y : -lse.x));
-                if (needs_mask) {
-                  const int key = kv_start + key0 + group + 8 * (e >> 1);
-                  const int row = q_start + col + (e & 1);
-                  if (key >= seqlen_k || (f.causal && key > row + diag)) p = 0.f;
+                for (int e = 0; e < 4; ++e) {
+                  float p = fa::exp2_approx(fmaf(s[nt][e], scale_log2, (e & 1) ? -lse.y : -lse.x));
+                  if constexpr (kMask) {
+                    const int key = kv_start + key0 + group + 8 * (e >> 1);
+                    const int row = q_start + col + (e & 1);
+                    if (key >= seqlen_k || (f.causal && key > row + diag)) p = 0.f;
+                  }
+                  s[nt][e] = p;
+                  dp[nt][e] = p * (dp[nt][e] - ((e & 1) ? d.y : d.x));
                 }
-                s[nt][e] = p;
-                dp[nt][e] = p * (dp[nt][e] - ((e & 1) ? d.y : d.x));
               }
-            }
+            };
+            if (needs_mask)
+              exp_scores(std::true_type{});
+            else
+              exp_scores(std::false_type{});
             pack_fragments<T>(p_frag, s);
             pack_fragments<T>(ds_frag, dp);
           }
@@ -1382,41 +1531,20 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
       }
       if constexpr (kAtomicDq || Tr::kStagesDo == 1) __syncthreads();  // dS^T in; dO_i read
       if constexpr (Tr::kStagesDo == 1) {
-        if (it + 1 < n_iters) load_q_block(it + 1, false, true);
+        if (it + 1 < n_iters) load_q_block(next_head, next_q_block, buf ^ 1, false, true);
         fa::cp_async_commit();
       }
     }
 
-    if constexpr (kAtomicDq) {
-      // dq_accum_i += dS K_j: warp w takes query rows 32 (w % kDqWarpsM) + [0, 32) and
-      // kDqCols head-dim columns, then one fp32 atomic add per element pair. Rows that see
-      // no key of this kv_block (causal, above the diagonal) or do not exist are skipped.
-      const int dq_row0 = 32 * (warp % Tr::kDqWarpsM);
-      const int dq_col0 = Tr::kDqCols * (warp / Tr::kDqWarpsM);
-      const bool rows_empty =
-          q_start + dq_row0 >= seqlen_q || (f.causal && q_start + dq_row0 + 31 + diag < kv_start);
-      if (!rows_empty) {
-        float dq[2][Tr::kDqCols / 8][4];
-        mma_ds_k<Tr, Ds, Tr::kDqCols / 8, T>(dq, ds_tile, dq_row0, k_tile, dq_col0, lane);
-        const int64_t bh = static_cast<int64_t>(batch) * f.heads + head;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = q_start + dq_row0 + 16 * mt + 8 * h + group;
-            if (row < seqlen_q) {
-              float* dst = dq_accum + (bh * seqlen_q + row) * kHeadDim + dq_col0 + 2 * quad;
-#pragma unroll
-              for (int nd = 0; nd < Tr::kDqCols / 8; ++nd)
-                atomic_add_pair(dst + 8 * nd, dq[mt][nd][2 * h], dq[mt][nd][2 * h + 1]);
-            }
-          }
-      }
-    }
+    if constexpr (!Tr::kPtInSmem) accumulate_dq();
+    head = next_head;
+    q_block = next_q_block;
   }
 
   // Epilogue: dV_j and scale * dK_j, the partials of the query-splitting warps summed.
   fa::cp_async_wait<0>();
+  issue_dq_pending();
+  if (lane == 0) bulk_wait<false>();  // the dQ reductions are done (the stage is reused)
   float* const staging = reinterpret_cast<float*>(smem);
   T* const dv = static_cast<T*>(args.dv.ptr) + batch * args.dv.batch_stride +
                 head_kv * args.dv.head_stride + kv_start * args.dv.row_stride;
@@ -1433,30 +1561,43 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
 // Kernel 3: dQ to the output dtype
 // ------------------------------------------------------------------------------------------
 
-/// \f$dQ = \mathrm{scale} \cdot \mathrm{dq\_accum}\f$ in the input dtype, one thread per 8
-/// elements, strided 16-byte stores.
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(256)
-    bwd_convert_dq_kernel(const fa_bwd_args args, const float* dq_accum) {
-  constexpr int kChunks = kHeadDim / 8;
+/// \f$dQ = \mathrm{scale} \cdot \mathrm{dq\_accum}\f$ in the input dtype, one thread block
+/// per q_block (the main kernel's Tr, whose dq_accum layout it reads): each thread reads its
+/// fragments (dq_fragment_index, coalesced float4 loads), puts them in place in a swizzled
+/// shared tile, and the block writes the rows that exist as 16-byte stores.
+template <class Tr, typename T>
+__global__ void __launch_bounds__(Tr::kNumThreads)
+    bwd_convert_dq_kernel(const fa_bwd_args args, const float* dq_accum, int seqlen_q_pad) {
+  __shared__ __align__(128) char tile[Tr::kQBytes];
   const fa_fwd_args& f = args.fwd;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
-  const int head = blockIdx.y, batch = blockIdx.z;
-  if (idx >= static_cast<int64_t>(f.seqlen_q) * kChunks) return;
-  const int row = static_cast<int>(idx / kChunks), chunk = static_cast<int>(idx % kChunks);
-  const float4* src = reinterpret_cast<const float4*>(
-      dq_accum + ((static_cast<int64_t>(batch) * f.heads + head) * f.seqlen_q + row) * kHeadDim +
-      8 * chunk);
-  const float4 lo = src[0], hi = src[1];
+  const int q_start = blockIdx.x * Tr::kBlockM, head = blockIdx.y, batch = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const float4* const src = reinterpret_cast<const float4*>(
+      dq_accum +
+      ((static_cast<int64_t>(batch) * f.heads + head) * seqlen_q_pad + q_start) * Tr::kHeadDim);
   const float c = f.scale;
-  uint4 out;
-  out.x = fa::pack2<T>(lo.x * c, lo.y * c);
-  out.y = fa::pack2<T>(lo.z * c, lo.w * c);
-  out.z = fa::pack2<T>(hi.x * c, hi.y * c);
-  out.w = fa::pack2<T>(hi.z * c, hi.w * c);
-  *reinterpret_cast<uint4*>(static_cast<T*>(args.dq.ptr) + batch * args.dq.batch_stride +
-                            row * args.dq.row_stride + head * args.dq.head_stride + 8 * chunk) =
-      out;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nd = 0; nd < Tr::kDqNTiles; ++nd) {
+      const float4 v = src[dq_fragment_index<Tr>(mt, nd, tid)];
+      const int row = dq_warp_row0<Tr>(warp) + 16 * mt + lane / 4;
+      const int chunk = (dq_warp_col0<Tr>(warp) + 8 * nd) / 8;
+      *reinterpret_cast<uint32_t*>(tile + swizzle<Tr::kRowBytes>(row, chunk) + 4 * (lane % 4)) =
+          fa::pack2<T>(v.x * c, v.y * c);
+      *reinterpret_cast<uint32_t*>(tile + swizzle<Tr::kRowBytes>(row + 8, chunk) + 4 * (lane % 4)) =
+          fa::pack2<T>(v.z * c, v.w * c);
+    }
+  __syncthreads();
+  T* const dq =
+      static_cast<T*>(args.dq.ptr) + batch * args.dq.batch_stride + head * args.dq.head_stride;
+#pragma unroll
+  for (int idx = tid; idx < Tr::kBlockM * Tr::kChunksPerRow; idx += Tr::kNumThreads) {
+    const int row = idx / Tr::kChunksPerRow, chunk = idx % Tr::kChunksPerRow;
+    if (q_start + row < f.seqlen_q)
+      *reinterpret_cast<uint4*>(dq + (q_start + row) * args.dq.row_stride + 8 * chunk) =
+          *reinterpret_cast<const uint4*>(tile + swizzle<Tr::kRowBytes>(row, chunk));
+  }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1624,7 +1765,8 @@ fa_status set_smem(Kernel kernel, int bytes, const char* name) {
   return FA_OK;
 }
 
-/// Launches the main kernel with the small or large tile shape (`dq_accum` null: the
+/// Launches the main kernel with the small or large tile shape and, in atomic mode, the dQ
+/// conversion, which reads dq_accum in that shape's layout (`dq_accum` null: the
 /// deterministic variant without the dQ part).
 template <typename T, int kHeadDim, bool kLargeSmem>
 fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
@@ -1640,6 +1782,12 @@ fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_
   kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, dq_accum, lse_log2, d_row,
                                                             seqlen_q_pad, scale_log2);
   FA_LAUNCH_TRY();
+  if (dq_accum != nullptr) {
+    const dim3 convert_grid((f.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, f.heads, f.batch);
+    bwd_convert_dq_kernel<Tr, T>
+        <<<convert_grid, Tr::kNumThreads, 0, stream>>>(args, dq_accum, seqlen_q_pad);
+    FA_LAUNCH_TRY();
+  }
   return FA_OK;
 }
 
@@ -1673,13 +1821,7 @@ fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, 
                                               scale_log2);
   if (status != FA_OK) return status;
 
-  if (!args.deterministic) {
-    const int64_t chunks = static_cast<int64_t>(f.seqlen_q) * (kHeadDim / 8);
-    bwd_convert_dq_kernel<T, kHeadDim>
-        <<<dim3(static_cast<unsigned>((chunks + 255) / 256), f.heads, f.batch), 256, 0, stream>>>(
-            args, dq_accum);
-    FA_LAUNCH_TRY();
-  } else {
+  if (args.deterministic) {
     using Dq = DqTraits<kHeadDim>;
     const auto dq_kernel = bwd_dq_kernel<T, kHeadDim>;
     status = set_smem(dq_kernel, Dq::kSmemBytes, "bwd_dq_kernel");
@@ -1700,7 +1842,7 @@ fa_status launch_backward(const fa_bwd_args& args, cudaStream_t stream) {
   const int seqlen_q_pad = (f.seqlen_q + kRowPad - 1) / kRowPad * kRowPad;
   const size_t stat_floats = static_cast<size_t>(f.batch) * f.heads * seqlen_q_pad;
   const size_t dq_floats =
-      args.deterministic ? 0 : static_cast<size_t>(f.batch) * f.heads * f.seqlen_q * kHeadDim;
+      args.deterministic ? 0 : static_cast<size_t>(f.batch) * f.heads * seqlen_q_pad * kHeadDim;
   const size_t bytes = (dq_floats + 2 * stat_floats) * sizeof(float);
   float* scratch = nullptr;
   const cudaError_t alloc = cudaMallocAsync(&scratch, bytes, stream);

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "fa/check.cuh"
@@ -49,6 +50,17 @@ cublasHandle_t cublas_handle() {
   if (!handles[device] && cublasCreate(&handles[device]) != CUBLAS_STATUS_SUCCESS)
     handles[device] = nullptr;
   return handles[device];
+}
+
+/// Only under compute-sanitizer's initcheck (common/scripts/sanitize.sh sets
+/// FA_INITCHECK_PREFILL=1): zero a scratch buffer that cuBLAS is about to overwrite. initcheck
+/// does not see cuBLAS's writes on Hopper (common/scripts/initcheck_cublas.cu: a GEMM's output,
+/// read by a one-line kernel, is reported uninitialized), so without this every read of S, dP
+/// and the dK/dV accumulators by the kernels below is a false report. Normal runs skip it.
+cudaError_t prefill_for_initcheck(void* ptr, size_t bytes, cudaStream_t stream) {
+  static const char* const env = std::getenv("FA_INITCHECK_PREFILL");
+  static const bool prefill = env != nullptr && env[0] != '\0' && env[0] != '0';
+  return prefill ? cudaMemsetAsync(ptr, 0, bytes, stream) : cudaSuccess;
 }
 
 template <typename T>
@@ -142,6 +154,7 @@ fa_status forward_impl(const fa_fwd_args& a, cudaStream_t stream) {
   FA_CUDA_TRY(cudaMallocAsync(&s, s_bytes, stream));
   FA_CUDA_TRY(cudaMallocAsync(&p, p_bytes, stream));
   if (!lse) FA_CUDA_TRY(cudaMallocAsync(&lse, lse_bytes, stream));
+  FA_CUDA_TRY(prefill_for_initcheck(s, s_bytes, stream));
 
   const cudaDataType_t dt = std::is_same<T, __half>::value ? CUDA_R_16F : CUDA_R_16BF;
   const int group = a.heads / a.heads_kv;  // query heads per key/value head (GQA)
@@ -318,6 +331,9 @@ fa_status backward_impl(const fa_bwd_args& args, cudaStream_t stream) {
   FA_CUDA_TRY(cudaMallocAsync(&ds, s_elems * sizeof(T), stream));
   FA_CUDA_TRY(cudaMallocAsync(&dk_acc, kv_elems * sizeof(float), stream));
   FA_CUDA_TRY(cudaMallocAsync(&dv_acc, kv_elems * sizeof(float), stream));
+  FA_CUDA_TRY(prefill_for_initcheck(s, s_elems * sizeof(float), stream));
+  FA_CUDA_TRY(prefill_for_initcheck(dk_acc, kv_elems * sizeof(float), stream));
+  FA_CUDA_TRY(prefill_for_initcheck(dv_acc, kv_elems * sizeof(float), stream));
 
   const cudaDataType_t dt = std::is_same<T, __half>::value ? CUDA_R_16F : CUDA_R_16BF;
   const int group = a.heads / a.heads_kv;

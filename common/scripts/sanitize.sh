@@ -124,7 +124,11 @@ run_one() {  # tool step shard shards: one tool over one shard of a step's slice
       return
     fi
   fi
-  GTEST_TOTAL_SHARDS=$4 GTEST_SHARD_INDEX=$3 timeout --kill-after=15 "$limit" "$cs" --tool "$tool" \
+  # initcheck does not see cuBLAS's writes (common/scripts/initcheck_cublas.cu): 01_naive then
+  # zeroes the scratch buffers cuBLAS overwrites, so that only our kernels' reads are judged.
+  local envs=(GTEST_TOTAL_SHARDS="$4" GTEST_SHARD_INDEX="$3")
+  [ "$tool" = initcheck ] && envs+=(FA_INITCHECK_PREFILL=1)
+  env "${envs[@]}" timeout --kill-after=15 "$limit" "$cs" --tool "$tool" \
     --error-exitcode 99 --print-limit 200 --log-file "$base.sanitizer.log" \
     "$bin" --gtest_filter="$(filter_for "$s")" > "$base.log" 2>&1
   rc=$?

@@ -12,7 +12,8 @@
 ///   never read back: \f$dV_j \mathrel{+}= P^T dO_i\f$, \f$dP = dO_i V_j^T\f$,
 ///   \f$dS = P \circ (dP - D_i)\f$, \f$dK_j \mathrel{+}= dS^T Q_i\f$, and
 ///   \f$dQ_i \mathrel{+}= dS K_j\f$, which every kv_block shares, by fp32 atomic adds into
-///   dq_accum, converted to the output dtype by a last kernel. Under causal masking the
+///   dq_accum (stored in the threads' order; on sm_90 at d = 128 one TMA bulk reduction per
+///   warp), converted to the output dtype by a last kernel. Under causal masking the
 ///   q_blocks above the diagonal are skipped (as 06 skips K/V blocks); only the ones that
 ///   cross it are masked.
 /// - Deterministic mode (fa_bwd_args::deterministic): no float atomics. The main kernel leaves
@@ -637,8 +638,9 @@ constexpr int kRowPad = 128;
 /// Tile shape of the main backward kernel per head dimension: \f$B_c\f$ (kBlockN) keys of the
 /// kv_block a thread block owns, \f$B_r\f$ (kBlockM) query rows per q_block, 8 warps,
 /// kStagesDo dO buffers. `kLargeSmem` is the shape for GPUs with more shared memory per block
-/// (A100, H100, H200: 161 KiB at d = 128, 130 KiB at d = 64); the other fits the 99 KB of
-/// every sm_80+ GPU and is picked at run time where the large one does not fit. Two ways to
+/// (H100, H200: 193 KiB at d = 128 with the dQ stage, 130 KiB at d = 64, which an A100 also
+/// has); the other fits the 99 KB of every sm_80+ GPU and is picked at run time where the
+/// large one does not fit. Two ways to
 /// reach \f$P^T dO\f$ and \f$dS^T Q\f$ (kPtInSmem, see the kernel; measured in NOTES.md: P
 /// through shared memory pays at d = 128, not at d = 64):
 /// - P in registers (small shapes): warps kWarpsN (keys, 16 each) x kWarpsM (queries); a warp
@@ -1794,7 +1796,8 @@ fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_
 /// Runs the backward kernels on the scratch buffers (`dq_accum` null in deterministic mode):
 /// preprocess; then dK/dV with atomic dQ and the dQ conversion, or dK/dV and the
 /// deterministic dQ kernel. The main kernel takes the large tile shape where the GPU has the
-/// shared memory for it (A100, H100, H200), else the small one (every sm_80+ GPU).
+/// shared memory for it (H100, H200; the A100 at d = 64), else the small one (every sm_80+
+/// GPU).
 template <typename T, int kHeadDim>
 fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
                                   float* lse_log2, float* d_row, float* dq_accum) {

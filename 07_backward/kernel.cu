@@ -719,7 +719,7 @@ struct BwdTraits {
   static constexpr int kStageStride = kHeadDim + 8;  ///< fp32 staging row, padded
   // dQ staging (large shapes): each warp's dQ fragments, fp32, in the dq_accum layout, for
   // the bulk reduction into dq_accum (sm_90, see accumulate_dq).
-  static constexpr bool kDqStage = kLargeSmem && kPtInSmem;
+  static constexpr bool kDqStage = kLargeSmem && kPtInSmem;  // measured: NOTES.md, change 3
   static constexpr int kOffDqStage = kOffD + 2 * kStatBytes;
   static constexpr int kSmemMain = kOffDqStage + (kDqStage ? kBlockM * kHeadDim * 4 : 0);
   static constexpr int kSmemEpilogue = 4 * kKvParts * kBlockN * kStageStride;
@@ -1295,8 +1295,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
   // Iteration it visits (query head, q_block) = (head, q_block): the q_blocks of one head in
   // order, then the next head of the group (counters, not it / m_count: no integer division).
   int head = head_kv * group_size, q_block = m_begin;
-  // sm_90, P in registers: the dq_accum slice whose dQ this warp has staged but not yet handed
-  // to the TMA (the reduction is issued at the top of the next iteration, see accumulate_dq).
+  // sm_90, large shapes: the dq_accum slice whose dQ this warp has staged but not yet handed
+  // to the TMA (see accumulate_dq; with P in shared memory it is handed over at once).
   float* dq_pending = nullptr;
   float* const dq_stage = reinterpret_cast<float*>(smem + Tr::kOffDqStage);
   const int dq_warp_part = warp * Tr::kDqWarpFloats;  // this warp's stretch of a dQ slice
@@ -1353,10 +1353,10 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
                     make_float4(dq[mt][nd][0], dq[mt][nd][1], dq[mt][nd][2], dq[mt][nd][3]);
             fence_proxy_async_shared();
             __syncwarp();
-            // With P in shared memory the reduction goes now, mid-iteration. With P in
-            // registers this is the end of the iteration, and the cp.async wait at the top of
-            // the next one would also wait for the reduction to complete (the same counter):
-            // it is issued after that wait instead, and has a whole iteration to finish.
+            // With P in shared memory the reduction goes now, mid-iteration. (kDqStage is off
+            // with P in registers, where dQ ends the iteration: there the next loop-top
+            // cp.async wait would also wait for the reduction, and issuing it after that wait
+            // measured no better than red.global; NOTES.md, change 3.)
             dq_pending = dst;
             if constexpr (Tr::kPtInSmem) issue_dq_pending();
           } else {

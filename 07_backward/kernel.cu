@@ -638,11 +638,11 @@ constexpr int kRowPad = 128;
 /// Tile shape of the main backward kernel per head dimension: \f$B_c\f$ (kBlockN) keys of the
 /// kv_block a thread block owns, \f$B_r\f$ (kBlockM) query rows per q_block, 8 warps,
 /// kStagesDo dO buffers. `kLargeSmem` is the shape for GPUs with more shared memory per block
-/// (H100, H200: 193 KiB at d = 128 with the dQ stage, 130 KiB at d = 64, which an A100 also
-/// has); the other fits the 99 KB of every sm_80+ GPU and is picked at run time where the
-/// large one does not fit. Two ways to
-/// reach \f$P^T dO\f$ and \f$dS^T Q\f$ (kPtInSmem, see the kernel; measured in NOTES.md: P
-/// through shared memory pays at d = 128, not at d = 64):
+/// (H100, H200: 193 KiB at d = 128, 194 KiB at d = 64, each with its 32 KiB dQ stage; an A100
+/// has 163 KiB); the other fits the 99 KB of every sm_80+ GPU and is picked at run time where
+/// the large one does not fit. Two ways to reach \f$P^T dO\f$ and \f$dS^T Q\f$ (kPtInSmem,
+/// see the kernel; measured in NOTES.md: at the large tiles P through shared memory wins at
+/// both head dims, changes 2 and 4):
 /// - P in registers (small shapes): warps kWarpsN (keys, 16 each) x kWarpsM (queries); a warp
 ///   walks its queries in slices of kSliceCols, and its packed \f$S^T\f$/\f$dP^T\f$ fragments
 ///   are the A operands of \f$dV\f$, \f$dK\f$ for its 16 keys over all of d.
@@ -659,8 +659,8 @@ struct BwdTileShape<64, false> {
 };
 template <>
 struct BwdTileShape<64, true> {
-  static constexpr int kBlockM = 128, kBlockN = 128, kWarpsN = 8, kSliceCols = 64, kStagesDo = 2;
-  static constexpr bool kPtInSmem = false;
+  static constexpr int kBlockM = 128, kBlockN = 128, kWarpsN = 4, kSliceCols = 64, kStagesDo = 2;
+  static constexpr bool kPtInSmem = true;
 };
 template <>
 struct BwdTileShape<128, false> {
@@ -1295,16 +1295,9 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
   // Iteration it visits (query head, q_block) = (head, q_block): the q_blocks of one head in
   // order, then the next head of the group (counters, not it / m_count: no integer division).
   int head = head_kv * group_size, q_block = m_begin;
-  // sm_90, large shapes: the dq_accum slice whose dQ this warp has staged but not yet handed
-  // to the TMA (see accumulate_dq; with P in shared memory it is handed over at once).
-  float* dq_pending = nullptr;
+  // sm_90, large shapes: each warp stages its dQ fragments here for the bulk reduction.
   float* const dq_stage = reinterpret_cast<float*>(smem + Tr::kOffDqStage);
   const int dq_warp_part = warp * Tr::kDqWarpFloats;  // this warp's stretch of a dQ slice
-  auto issue_dq_pending = [&]() {
-    if (dq_pending != nullptr && lane == 0)
-      bulk_reduce_add(dq_pending + dq_warp_part, dq_stage + dq_warp_part, Tr::kDqWarpFloats * 4);
-    dq_pending = nullptr;
-  };
   for (int it = 0; it < n_iters; ++it) {
     const int q_start = q_block * Tr::kBlockM;
     const int buf = it & 1;
@@ -1319,15 +1312,15 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
 
     fa::cp_async_wait<0>();
     __syncthreads();  // Q_i, dO_i, lse, D have landed; every warp is done with the other buffer
-    issue_dq_pending();
     if (it + 1 < n_iters) load_q_block(next_head, next_q_block, buf ^ 1, true, Tr::kStagesDo == 2);
     fa::cp_async_commit();
 
     // dq_accum_i += dS K_j (atomic mode): warp w takes query rows dq_warp_row0(w) + [0, 32)
     // and kDqCols head-dim columns, then adds each m16n8 fragment with one 16-byte atomic, in
     // the dq_accum layout (dq_fragment_index). Rows that see no key of this kv_block (causal,
-    // above the diagonal) or do not exist are skipped.
-    auto accumulate_dq = [&]() {
+    // above the diagonal) or do not exist are skipped. With a dQ stage (sm_90, large shapes)
+    // the fragments are only staged: the result is where issue_dq sends them, else null.
+    auto accumulate_dq = [&]() -> float* {
       if constexpr (kAtomicDq) {
         const int dq_row0 = dq_warp_row0<Tr>(warp), dq_col0 = dq_warp_col0<Tr>(warp);
         const bool rows_empty =
@@ -1342,23 +1335,15 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
             // sm_90: the warp stages its fragments in shared memory (in the dq_accum layout)
             // and one lane hands the whole stretch to the TMA as one bulk reduction. The
             // registers are free as soon as the stores are issued; no red.global queue.
-            float* const stage = dq_stage;
             if (lane == 0) bulk_wait<true>();  // the previous reduction has read the stage
             __syncwarp();
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
               for (int nd = 0; nd < Tr::kDqNTiles; ++nd)
-                *reinterpret_cast<float4*>(stage + 4 * dq_fragment_index<Tr>(mt, nd, tid)) =
+                *reinterpret_cast<float4*>(dq_stage + 4 * dq_fragment_index<Tr>(mt, nd, tid)) =
                     make_float4(dq[mt][nd][0], dq[mt][nd][1], dq[mt][nd][2], dq[mt][nd][3]);
-            fence_proxy_async_shared();
-            __syncwarp();
-            // With P in shared memory the reduction goes now, mid-iteration. (kDqStage is off
-            // with P in registers, where dQ ends the iteration: there the next loop-top
-            // cp.async wait would also wait for the reduction, and issuing it after that wait
-            // measured no better than red.global; NOTES.md, change 3.)
-            dq_pending = dst;
-            if constexpr (Tr::kPtInSmem) issue_dq_pending();
+            return dst;
           } else {
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
@@ -1367,6 +1352,19 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
                 atomic_add4(dst + 4 * dq_fragment_index<Tr>(mt, nd, tid), dq[mt][nd]);
           }
         }
+      }
+      return nullptr;
+    };
+    // Hands the warp's staged dQ (accumulate_dq's result) to the TMA: one lane issues a bulk
+    // reduction of the warp's stretch. The fence (MEMBAR + FENCE.VIEW.ASYNC in SASS) waits
+    // until this thread's stores to the stage have completed, so it goes one product after
+    // the stores, not right behind them (NOTES.md, change 4).
+    auto issue_dq = [&](float* dst) {
+      if constexpr (kAtomicDq && Tr::kDqStage && kHasBulkReduce) {
+        fence_proxy_async_shared();
+        __syncwarp();
+        if (dst != nullptr && lane == 0)
+          bulk_reduce_add(dst + dq_warp_part, dq_stage + dq_warp_part, Tr::kDqWarpFloats * 4);
       }
     };
 
@@ -1452,18 +1450,20 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
         store_tile_fragments<Ds>(ds_tile, zero, key0, query0, lane);
       }
       __syncthreads();  // P^T, dS^T of the whole block are in
-      // dQ first: its atomics drain while the tensor cores run dV and dK.
-      accumulate_dq();
+      // dQ first, then dV, then the dQ reduction goes (sm_90) and runs in the TMA while the
+      // tensor cores do dK (with red.global, the atomics drain during dV and dK).
+      float* const dq_dst = accumulate_dq();
 
       // dV_j += P^T dO_i and dK_j += dS^T Q_i: warp (n, c) owns keys key0 + [0, 32) and
       // head-dim columns kv_col0 + [0, d / 2), all queries of the q_block (the softmax scale
       // of dK is applied once, in the epilogue). Keys that see no query are skipped.
       const bool keys_empty = kv_start + key0 >= seqlen_k ||
                               (f.causal && kv_start + key0 > q_start + Tr::kBlockM - 1 + diag);
-      if (!keys_empty) {
+      if (!keys_empty)
         mma_smem_ab<Tr, Ds, Tr::kKvNTiles, T>(dv_acc, pt_tile, key0, do_tile, kv_col0, lane);
+      issue_dq(dq_dst);
+      if (!keys_empty)
         mma_smem_ab<Tr, Ds, Tr::kKvNTiles, T>(dk_acc, ds_tile, key0, q_tile, kv_col0, lane);
-      }
     } else {
 #pragma unroll 1
       for (int slice = 0; slice < Tr::kSlices; ++slice) {
@@ -1538,14 +1538,13 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
       }
     }
 
-    if constexpr (!Tr::kPtInSmem) accumulate_dq();
+    if constexpr (!Tr::kPtInSmem && kAtomicDq) accumulate_dq();
     head = next_head;
     q_block = next_q_block;
   }
 
   // Epilogue: dV_j and scale * dK_j, the partials of the query-splitting warps summed.
   fa::cp_async_wait<0>();
-  issue_dq_pending();
   if (lane == 0) bulk_wait<false>();  // the dQ reductions are done (the stage is reused)
   float* const staging = reinterpret_cast<float*>(smem);
   T* const dv = static_cast<T*>(args.dv.ptr) + batch * args.dv.batch_stride +
@@ -1796,8 +1795,8 @@ fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_
 /// Runs the backward kernels on the scratch buffers (`dq_accum` null in deterministic mode):
 /// preprocess; then dK/dV with atomic dQ and the dQ conversion, or dK/dV and the
 /// deterministic dQ kernel. The main kernel takes the large tile shape where the GPU has the
-/// shared memory for it (H100, H200; the A100 at d = 64), else the small one (every sm_80+
-/// GPU).
+/// shared memory for it (H100, H200: about 194 KiB), else the small one (every sm_80+ GPU,
+/// the A100 included).
 template <typename T, int kHeadDim>
 fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
                                   float* lse_log2, float* d_row, float* dq_accum) {

@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "fa/api.h"
@@ -1046,7 +1047,8 @@ constexpr bool kHasBulkReduce = false;
 /// aligned), `src` in shared memory: one `cp.reduce.async.bulk ... .add.f32` issued by one
 /// thread; the TMA unit reads shared memory and adds in L2 while the warp goes on, without
 /// the registers or load/store queue that `red.global` needs. Committed as one bulk group.
-__device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, int bytes) {
+[[maybe_unused]] __device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src,
+                                                                 int bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile(
       "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
@@ -1754,14 +1756,15 @@ __global__ void __launch_bounds__(DqTraits<kHeadDim>::kNumThreads)
 /// Sets a kernel's dynamic shared memory size, after checking that this GPU has that much.
 template <typename Kernel>
 fa_status set_smem(Kernel kernel, int bytes, const char* name) {
-  int device = 0, optin = 0;
-  FA_CUDA_TRY(cudaGetDevice(&device));
-  FA_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  int optin = 0;
+  const fa_status limit = fa::smem_per_block_optin(&optin);
+  if (limit != FA_OK) return limit;
   if (bytes > optin)
     return fa::set_error(FA_ERR_UNSUPPORTED,
                          "07_backward: %s needs %d bytes of shared memory per block, the GPU "
-                         "has %d",
-                         name, bytes, optin);
+                         "allows %d%s",
+                         name, bytes, optin,
+                         std::getenv("FA_SMEM_LIMIT") ? " (FA_SMEM_LIMIT)" : "");
   FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   return FA_OK;
 }
@@ -1807,10 +1810,9 @@ fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, 
       args, seqlen_q_pad, lse_log2, d_row, dq_accum);
   FA_LAUNCH_TRY();
 
-  int device = 0, optin = 0;
-  FA_CUDA_TRY(cudaGetDevice(&device));
-  FA_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  fa_status status;
+  int optin = 0;
+  fa_status status = fa::smem_per_block_optin(&optin);
+  if (status != FA_OK) return status;
   bool large = false;
   if constexpr (kHasLargeBwdShape<kHeadDim>) large = optin >= BwdTraits<kHeadDim, true>::kSmemBytes;
   if constexpr (kHasLargeBwdShape<kHeadDim>)

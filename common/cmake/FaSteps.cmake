@@ -1,9 +1,16 @@
-# fa_add_step(<name>): turns the step folder that calls it into
+# fa_add_step(<name> [SMEM_LIMITS <bytes>...]): turns the step folder that calls it into
 #   - a static library fa_step_<name> built from kernel.cu, linked into libfa,
 #   - a runner program <name> (common/src/tools/runner_main.cpp),
 #   - an entry of the GPU conformance suite (ctest label "gpu") and of the benchmark.
+# SMEM_LIMITS is for steps that pick their tile shapes by the GPU's shared memory
+# (fa::smem_per_block_optin): per limit, the step's conformance suite runs again with
+# FA_SMEM_LIMIT=<bytes>, i.e. with the shapes a GPU with that much shared memory per block
+# gets; gpu.smem_limit.<name> checks that a limit too small for any shape is refused
+# with a clear error, so that the limited runs cannot silently run the large shapes, and
+# gpu.smem_limit_invalid.<name> that a malformed value is an error, not ignored.
 # The C API finds the step through a generated table (fa_write_registry below).
 function(fa_add_step name)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "SMEM_LIMITS")
   string(MAKE_C_IDENTIFIER "fa_step_${name}" symbol)
   set(lib fa_step_${name})
   add_library(${lib} STATIC ${CMAKE_CURRENT_SOURCE_DIR}/kernel.cu)
@@ -23,6 +30,27 @@ function(fa_add_step name)
              COMMAND fa_gpu_tests --gtest_filter=*/${name}*:*.${name}*)
     set_tests_properties(gpu.conformance.${name} PROPERTIES LABELS gpu
                          SKIP_REGULAR_EXPRESSION "No CUDA device")
+    foreach(limit IN LISTS arg_SMEM_LIMITS)
+      add_test(NAME gpu.conformance.${name}.smem_${limit}
+               COMMAND fa_gpu_tests --gtest_filter=*/${name}*:*.${name}*)
+      set_tests_properties(gpu.conformance.${name}.smem_${limit} PROPERTIES LABELS gpu
+                           SKIP_REGULAR_EXPRESSION "No CUDA device"
+                           ENVIRONMENT "FA_SMEM_LIMIT=${limit}")
+    endforeach()
+    if(arg_SMEM_LIMITS)
+      add_test(NAME gpu.smem_limit.${name}
+               COMMAND ${name} --backward --seqlen 256 --no-ceilings --warmup 0 --repeats 1)
+      set_tests_properties(gpu.smem_limit.${name} PROPERTIES LABELS gpu
+                           ENVIRONMENT "FA_SMEM_LIMIT=1024"
+                           PASS_REGULAR_EXPRESSION "bytes of shared memory per block.*FA_SMEM_LIMIT"
+                           SKIP_REGULAR_EXPRESSION "no usable CUDA GPU")
+      add_test(NAME gpu.smem_limit_invalid.${name}
+               COMMAND ${name} --backward --seqlen 256 --no-ceilings --warmup 0 --repeats 1)
+      set_tests_properties(gpu.smem_limit_invalid.${name} PROPERTIES LABELS gpu
+                           ENVIRONMENT "FA_SMEM_LIMIT=96k"
+                           PASS_REGULAR_EXPRESSION "FA_SMEM_LIMIT=96k: expected a positive number"
+                           SKIP_REGULAR_EXPRESSION "no usable CUDA GPU")
+    endif()
   endif()
 endfunction()
 

@@ -37,6 +37,14 @@ fa_status set_error(fa_status status, const char* format, ...)
 #endif
     ;
 
+/// Shared memory per thread block that a launcher may opt into on the current device:
+/// `cudaDevAttrMaxSharedMemoryPerBlockOptin`, lowered to the environment variable
+/// `FA_SMEM_LIMIT` (bytes) when it is set. Steps that pick their tile shapes by shared memory
+/// ask here, so that the tests can run the shapes a smaller GPU gets on a larger one
+/// (`FA_SMEM_LIMIT=101376`: the 99 KiB of an RTX 30xx/40xx). Returns FA_OK, FA_ERR_CUDA, or
+/// FA_ERR_INVALID_ARGUMENT for a value of `FA_SMEM_LIMIT` that is not a positive integer.
+fa_status smem_per_block_optin(int* bytes);
+
 }  // namespace fa
 
 #ifndef FA_STEP_NAME

@@ -7,6 +7,7 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -182,6 +183,27 @@ fa_status set_error(fa_status status, const char* format, ...) {
   va_end(ap);
   g_last_error = buffer;
   return status;
+}
+
+fa_status smem_per_block_optin(int* bytes) {
+  long long limit = -1;  // none
+  if (const char* env = std::getenv("FA_SMEM_LIMIT")) {
+    char* end = nullptr;
+    limit = std::strtoll(env, &end, 10);
+    if (end == env || *end != '\0' || limit <= 0)
+      return set_error(FA_ERR_INVALID_ARGUMENT,
+                       "FA_SMEM_LIMIT=%s: expected a positive number of bytes (e.g. 101376)", env);
+  }
+  int device = 0, optin = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess)
+    return set_error(FA_ERR_CUDA, "cannot read the GPU's shared memory per block: %s",
+                     cudaGetErrorString(err));
+  if (limit > 0 && limit < optin) optin = static_cast<int>(limit);
+  *bytes = optin;
+  return FA_OK;
 }
 
 }  // namespace fa

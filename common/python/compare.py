@@ -172,15 +172,23 @@ def _run(cmd):
         return ""
 
 
+# Environment variables that change which kernels the steps run (fa::smem_per_block_optin):
+# recorded in front of the command, as the shell line that reproduces the run.
+KERNEL_ENV = ("FA_SMEM_LIMIT",)
+
+
 def run_info():
-    """Commit (and whether tracked files differ from it), date, command line."""
+    """Commit (and whether tracked files differ from it), date, command line (with the
+    KERNEL_ENV variables that are set)."""
     # FA_GIT_COMMIT names the commit of a source tree exported without .git (git archive).
     commit = os.environ.get("FA_GIT_COMMIT") or _run(["git", "rev-parse", "HEAD"]) or "unknown"
     dirty = False if os.environ.get("FA_GIT_COMMIT") else bool(
         _run(["git", "status", "--porcelain", "--untracked-files=no"]))
     return {"commit": commit, "dirty": dirty,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": " ".join(["python3", os.path.relpath(os.path.abspath(sys.argv[0]), REPO)]
+            "command": " ".join(["%s=%s" % (k, os.environ[k]) for k in KERNEL_ENV
+                                 if k in os.environ]
+                                + ["python3", os.path.relpath(os.path.abspath(sys.argv[0]), REPO)]
                                 + sys.argv[1:]),
             "host": platform.node()}
 

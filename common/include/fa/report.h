@@ -88,7 +88,8 @@ bool write_report_file(const std::string& path, const GpuInfo& gpu, const Ceilin
 /// The git commit the build was configured from ("unknown" outside a checkout).
 std::string build_commit();
 
-/// This build's commit, the current time and the command line `argv` joined by spaces.
+/// This build's commit, the current time and the command line `argv` joined by spaces, with
+/// `FA_SMEM_LIMIT=<value> ` in front when that variable is set (it changes the tile shapes).
 RunInfo run_info(int argc, char** argv);
 
 /// The current UTC time as "2026-11-29T12:00:00Z".

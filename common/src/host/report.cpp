@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <map>
@@ -240,6 +241,10 @@ std::string build_commit() {
 
 RunInfo run_info(int argc, char** argv) {
   RunInfo run{build_commit(), utc_now(), ""};
+  // FA_SMEM_LIMIT changes the tile shapes some steps run (fa::smem_per_block_optin): it goes
+  // in front of the command, as in the shell line that reproduces the run.
+  if (const char* limit = std::getenv("FA_SMEM_LIMIT"))
+    run.command = std::string("FA_SMEM_LIMIT=") + limit + " ";
   for (int i = 0; i < argc; ++i) run.command += (i ? " " : "") + std::string(argv[i]);
   return run;
 }

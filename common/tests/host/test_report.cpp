@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -125,6 +126,16 @@ TEST(Report, FileByExtension) {
   EXPECT_FALSE(
       write_report_file("/nonexistent/dir/x.json", GpuInfo{}, Ceilings{}, RunInfo{}, rows, &error));
   EXPECT_NE(error.find("cannot write"), std::string::npos);
+}
+
+TEST(Report, RunInfoNamesTheSharedMemoryLimit) {
+  char arg0[] = "bench", arg1[] = "--seqlens", arg2[] = "4096";
+  char* argv[] = {arg0, arg1, arg2};
+  unsetenv("FA_SMEM_LIMIT");
+  EXPECT_EQ(run_info(3, argv).command, "bench --seqlens 4096");
+  setenv("FA_SMEM_LIMIT", "101376", 1);
+  EXPECT_EQ(run_info(3, argv).command, "FA_SMEM_LIMIT=101376 bench --seqlens 4096");
+  unsetenv("FA_SMEM_LIMIT");
 }
 
 }  // namespace

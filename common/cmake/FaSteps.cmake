@@ -38,20 +38,21 @@ function(fa_add_step name)
                            ENVIRONMENT "FA_SMEM_LIMIT=${limit}")
     endforeach()
     if(arg_SMEM_LIMITS)
-      add_test(NAME gpu.smem_limit.${name}
-               COMMAND ${name} --backward --seqlen 256 --no-ceilings --warmup 0 --repeats 1)
-      set_tests_properties(gpu.smem_limit.${name} PROPERTIES LABELS gpu
-                           ENVIRONMENT "FA_SMEM_LIMIT=1024"
-                           PASS_REGULAR_EXPRESSION "bytes of shared memory per block.*FA_SMEM_LIMIT"
-                           SKIP_REGULAR_EXPRESSION "no usable CUDA GPU")
-      add_test(NAME gpu.smem_limit_invalid.${name}
-               COMMAND ${name} --backward --seqlen 256 --no-ceilings --warmup 0 --repeats 1)
-      set_tests_properties(gpu.smem_limit_invalid.${name} PROPERTIES LABELS gpu
-                           ENVIRONMENT "FA_SMEM_LIMIT=96k"
-                           PASS_REGULAR_EXPRESSION "FA_SMEM_LIMIT=96k: expected a positive number"
-                           SKIP_REGULAR_EXPRESSION "no usable CUDA GPU")
+      fa_add_smem_limit_check(gpu.smem_limit.${name} ${name} 1024
+                              "bytes of shared memory per block.*FA_SMEM_LIMIT")
+      fa_add_smem_limit_check(gpu.smem_limit_invalid.${name} ${name} 96k
+                              "FA_SMEM_LIMIT=96k: expected a positive number")
     endif()
   endif()
+endfunction()
+
+# A GPU test that runs the step's backward once with FA_SMEM_LIMIT=<value> and passes only
+# if the output matches <regex> (the launcher's message for that limit).
+function(fa_add_smem_limit_check test step value regex)
+  add_test(NAME ${test} COMMAND ${step} --backward --seqlen 256 --no-ceilings --warmup 0 --repeats 1)
+  set_tests_properties(${test} PROPERTIES LABELS gpu ENVIRONMENT "FA_SMEM_LIMIT=${value}"
+                       PASS_REGULAR_EXPRESSION "${regex}"
+                       SKIP_REGULAR_EXPRESSION "no usable CUDA GPU")
 endfunction()
 
 # Writes the table of registered steps into libfa (called once, after every folder is read).

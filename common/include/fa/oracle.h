@@ -59,6 +59,21 @@ struct BackwardRef {
   std::vector<double> dq_mag;
   std::vector<double> dk_mag;  ///< see dq_mag
   std::vector<double> dv_mag;  ///< see dq_mag
+  /// The underflow floor of each gradient element (same shapes): the largest error that a
+  /// correct kernel's rounding of terms below the dtype's normal range can add up to. With
+  /// \f$u\f$ = underflow_unit() and \f$[x]\f$ = 1 if \f$|x|\f$ < underflow_threshold() else 0,
+  /// over the visible pairs (i, j):
+  /// \f$ dS^{floor}_{ij} = u\,[P_{ij}]\,|dP_{ij} - D_i| + u\,[dS_{ij}] \f$ (P rounded before
+  /// \f$dS = P(dP - D)\f$ is formed, then dS rounded), and
+  /// \f$ s \sum_j dS^{floor}_{ij} |K_j| \f$ for dQ,
+  /// \f$ s \sum_i dS^{floor}_{ij} |Q_i| \f$ for dK,
+  /// \f$ \sum_i u\,[P_{ij}]\,|dO_i| \f$ for dV. It is 0 where no term underflows; with
+  /// inputs of magnitude 50 (a one-hot softmax) a key that no query row attends to has
+  /// \f$dV_j \approx 10^{-10}\f$, summed from probabilities below fp16's smallest subnormal,
+  /// and a correct kernel writes 0 there (see compare()).
+  std::vector<double> dq_floor;
+  std::vector<double> dk_floor;  ///< see dq_floor
+  std::vector<double> dv_floor;  ///< see dq_floor
 };
 /// Backward reference in fp64: dQ on `q_rows`, dK and dV on `kv_rows` (summed over the query
 /// heads that share each key/value head), with \f$s\f$ the softmax scale:

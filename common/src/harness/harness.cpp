@@ -130,8 +130,10 @@ bool finished(fa_status st, CheckResult* result) {
 /// lse), records its stats and where its largest error is, and fails the result if out of bounds.
 void add_stats(CheckResult* result, const std::string& name, const std::vector<float>& out,
                const std::vector<double>& ref, const Tolerance& tol, const std::vector<RowId>& rows,
-               int width, const std::vector<double>* mag = nullptr) {
-  ErrorStats e = compare(out.data(), ref.data(), out.size(), mag ? mag->data() : nullptr);
+               int width, const std::vector<double>* mag = nullptr,
+               const std::vector<double>* floor = nullptr) {
+  ErrorStats e = compare(out.data(), ref.data(), out.size(), mag ? mag->data() : nullptr,
+                         floor ? floor->data() : nullptr);
   result->stats.emplace_back(name, e);
   ErrorLocation where;
   where.quantity = name;
@@ -378,11 +380,11 @@ CheckResult check_backward(const std::string& step, DeviceProblem& dp, const Hos
   const ProblemShape& s = p.shape;
   const Tolerance tol = tolerance(s.dtype, Quantity::kGradient);
   add_stats(&result, "dQ", gather_rows(dq, q_rows, s.seqlen_q, s.heads, s.head_dim), ref.dq, tol,
-            q_rows, s.head_dim, &ref.dq_mag);
+            q_rows, s.head_dim, &ref.dq_mag, &ref.dq_floor);
   add_stats(&result, "dK", gather_rows(dk, kv_rows, s.seqlen_k, s.heads_kv, s.head_dim), ref.dk,
-            tol, kv_rows, s.head_dim, &ref.dk_mag);
+            tol, kv_rows, s.head_dim, &ref.dk_mag, &ref.dk_floor);
   add_stats(&result, "dV", gather_rows(dv, kv_rows, s.seqlen_k, s.heads_kv, s.head_dim), ref.dv,
-            tol, kv_rows, s.head_dim, &ref.dv_mag);
+            tol, kv_rows, s.head_dim, &ref.dv_mag, &ref.dv_floor);
   return result;
 }
 

@@ -10,6 +10,8 @@
 #include <thread>
 #include <tuple>
 
+#include "fa/metrics.h"
+
 namespace fa {
 namespace {
 
@@ -189,6 +191,12 @@ BackwardRef reference_backward(const HostProblem& p, const std::vector<RowId>& q
   ref.dq_mag.assign(q_rows.size() * d, 0.0);
   ref.dk_mag.assign(kv_rows.size() * d, 0.0);
   ref.dv_mag.assign(kv_rows.size() * d, 0.0);
+  ref.dq_floor.assign(q_rows.size() * d, 0.0);
+  ref.dk_floor.assign(kv_rows.size() * d, 0.0);
+  ref.dv_floor.assign(kv_rows.size() * d, 0.0);
+  // Rounding a probability or a dS below the dtype's normal range costs up to `unit` each.
+  const double unit = underflow_unit(s.dtype), threshold = underflow_threshold(s.dtype);
+  auto underflows = [threshold](double x) { return std::abs(x) < threshold ? 1.0 : 0.0; };
 
   // 1. L_i and D_i = dO_i . O_i for every query row of every (b, h) the requested rows touch:
   //    a dK/dV row needs all query rows of all query heads in its group.
@@ -223,15 +231,19 @@ BackwardRef reference_backward(const HostProblem& p, const std::vector<RowId>& q
     const float* d_o = &p.d_o[p.q_index(row.b, row.s, row.h, 0)];
     double* dq = &ref.dq[r * d];
     double* dq_mag = &ref.dq_mag[r * d];
+    double* dq_floor = &ref.dq_floor[r * d];
     for (int j = 0; j < visible_keys(s, row.s); ++j) {
       const float* k = &p.k[p.kv_index(row.b, j, kv_head, 0)];
       const double prob = std::exp(scale * dot(q, k, d) - lse[at]);
       const double d_prob = dot(d_o, &p.v[p.kv_index(row.b, j, kv_head, 0)], d);
       const double d_score = prob * (d_prob - delta[at]);
       const double d_score_mag = prob * (std::abs(d_prob) + std::abs(delta[at]));
+      const double d_score_floor =
+          unit * (underflows(prob) * std::abs(d_prob - delta[at]) + underflows(d_score));
       for (int c = 0; c < d; ++c) {
         dq[c] += scale * d_score * k[c];
         dq_mag[c] += scale * d_score_mag * std::abs(k[c]);
+        dq_floor[c] += scale * d_score_floor * std::abs(k[c]);
       }
     }
   });
@@ -246,6 +258,8 @@ BackwardRef reference_backward(const HostProblem& p, const std::vector<RowId>& q
     double* dv = &ref.dv[r * d];
     double* dk_mag = &ref.dk_mag[r * d];
     double* dv_mag = &ref.dv_mag[r * d];
+    double* dk_floor = &ref.dk_floor[r * d];
+    double* dv_floor = &ref.dv_floor[r * d];
     for (int h = row.h * group; h < (row.h + 1) * group; ++h) {
       for (int i = first_query_seeing(s, row.s); i < s.seqlen_q; ++i) {
         const size_t at = p.lse_index(row.b, h, i);
@@ -255,11 +269,16 @@ BackwardRef reference_backward(const HostProblem& p, const std::vector<RowId>& q
         const double d_prob = dot(d_o, v, d);
         const double d_score = prob * (d_prob - delta[at]);
         const double d_score_mag = prob * (std::abs(d_prob) + std::abs(delta[at]));
+        const double prob_floor = unit * underflows(prob);
+        const double d_score_floor =
+            prob_floor * std::abs(d_prob - delta[at]) + unit * underflows(d_score);
         for (int c = 0; c < d; ++c) {
           dv[c] += prob * d_o[c];
           dk[c] += scale * d_score * q[c];
           dv_mag[c] += prob * std::abs(d_o[c]);
           dk_mag[c] += scale * d_score_mag * std::abs(q[c]);
+          dv_floor[c] += prob_floor * std::abs(d_o[c]);
+          dk_floor[c] += scale * d_score_floor * std::abs(q[c]);
         }
       }
     }

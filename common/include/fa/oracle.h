@@ -31,6 +31,21 @@ std::vector<RowId> sample_q_rows(const ProblemShape& shape, int count, uint64_t 
 /// `count` key rows drawn with `seed` (as sample_q_rows, over key/value heads).
 std::vector<RowId> sample_kv_rows(const ProblemShape& shape, int count, uint64_t seed);
 
+/// Rows for a sampled backward check of one key/value head group (batch `b`, key/value head
+/// `kv_head`): `count` of its query rows (over the group's query heads) and `count` of its key
+/// rows, drawn with `seed` as sample_q_rows() does. The oracle computes L and D on every query
+/// row of each head a requested row touches, so one group keeps its cost to one group's.
+void sample_group_rows(const ProblemShape& shape, int b, int kv_head, int count, uint64_t seed,
+                       std::vector<RowId>* q_rows, std::vector<RowId>* kv_rows);
+
+/// Adds to `kv_rows` (key rows, over key/value heads) the key each of `q_rows` attends to most
+/// (its largest visible score), at most `max_added` new ones, and keeps `kv_rows` sorted by
+/// (b, h, s) without duplicates. A sample of key rows drawn at random may hold none of the keys
+/// a one-hot softmax (inputs of magnitude 50) puts its weight on, and there dK and dV are
+/// nearly 0 whatever a kernel does; these keys carry the gradient a wrong kernel gets wrong.
+void add_attended_keys(const HostProblem& p, const std::vector<RowId>& q_rows, int max_added,
+                       std::vector<RowId>* kv_rows);
+
 /// Result of reference_forward(): O and L of each requested query row, in order.
 struct ForwardRef {
   std::vector<RowId> rows;  ///< the query rows, as requested

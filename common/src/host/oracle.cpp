@@ -160,6 +160,42 @@ std::vector<RowId> sample_kv_rows(const ProblemShape& shape, int count, uint64_t
                      seed ^ 0x2545f4914f6cdd1dull);
 }
 
+void sample_group_rows(const ProblemShape& shape, int b, int kv_head, int count, uint64_t seed,
+                       std::vector<RowId>* q_rows, std::vector<RowId>* kv_rows) {
+  const int group = shape.heads / shape.heads_kv;
+  ProblemShape one = shape;  // the group alone: batch 1, `group` query heads, 1 key/value head
+  one.batch = 1;
+  one.heads = group;
+  one.heads_kv = 1;
+  *q_rows = sample_q_rows(one, count, seed);
+  *kv_rows = sample_kv_rows(one, count, seed);
+  for (RowId& r : *q_rows) r = {b, kv_head * group + r.h, r.s};
+  for (RowId& r : *kv_rows) r = {b, kv_head, r.s};
+}
+
+void add_attended_keys(const HostProblem& p, const std::vector<RowId>& q_rows, int max_added,
+                       std::vector<RowId>* kv_rows) {
+  const ProblemShape& s = p.shape;
+  const int group = s.heads / s.heads_kv;
+  std::set<std::tuple<int, int, int>> keys;
+  for (const RowId& r : *kv_rows) keys.emplace(r.b, r.h, r.s);
+  int added = 0;
+  for (const RowId& row : q_rows) {
+    if (added >= max_added) break;
+    const int kv_head = row.h / group;
+    const float* q = &p.q[p.q_index(row.b, row.s, row.h, 0)];
+    int best = -1;
+    double best_score = -kInf;
+    for (int j = 0; j < visible_keys(s, row.s); ++j) {
+      const double score = dot(q, &p.k[p.kv_index(row.b, j, kv_head, 0)], s.head_dim);
+      if (score > best_score) best_score = score, best = j;
+    }
+    if (best >= 0 && keys.emplace(row.b, kv_head, best).second) ++added;
+  }
+  kv_rows->clear();
+  for (const auto& [b, h, j] : keys) kv_rows->push_back({b, h, j});
+}
+
 ForwardRef reference_forward(const HostProblem& p, const std::vector<RowId>& rows) {
   const ProblemShape& s = p.shape;
   const int d = s.head_dim;

@@ -18,14 +18,20 @@
 /// rows for the backward) on large ones.
 ///
 /// Environment:
-/// - `FA_RANDOM_PROBLEMS=n`  problems per (step, direction), default 200.
-/// - `FA_RANDOM_SEED=s`      seed of the first problem; problem i uses seed s + i. Without it
-///                           the seeds derive from the run's base seed (FA_TEST_SEED, printed
-///                           at start-up) and the test's name.
+/// - `FA_RANDOM_PROBLEMS=n`  problems per (step, direction), default 24 (kDefaultRandomProblems);
+///                           at least the number of coverage classes (9 forward, 10 backward).
+/// - `FA_RANDOM_SEED=s`      a reproduction: problem i uses seed s + i, no coverage promised.
+///                           Without it the first seed derives from the run's base seed
+///                           (FA_TEST_SEED, printed at start-up) and the test's name, and the
+///                           next ones are chosen to cover every class (plan_seeds()).
 /// - `FA_RANDOM_MAX_SEQLEN=n` cap on seqlen_q and seqlen_k (default 4224); the sanitizer
 ///                           script lowers it.
 /// - `FA_RANDOM_SECONDS=t`   each test starts no new problem after t seconds (a wall-clock
-///                           cap for a long run; the summary line says how many ran).
+///                           cap for a long run; the summary line says how many ran), but
+///                           never before the problems that cover the classes.
+/// All are read strictly at start-up (gpu_main.cpp): a value that is set but not valid stops
+/// the run. A test fails unless the requested number of problems ran and, outside a
+/// reproduction, every coverage class (coverage_classes()) was among them.
 ///
 /// A failure prints the problem's full description, its seed, the first quantity out of
 /// bounds with where its largest error is, and the command that reruns exactly that problem:

@@ -7,7 +7,8 @@
 #   FA_ROBUST_JOBS=4         ctest -j for those runs (the default test preset's)
 #   FA_ROBUST_SKIP="large sanitize"   sections to leave out
 #
-# Sections (expected on an H200, 16 cores: about 8 minutes in all):
+# Sections (expected on an H200, 16 cores: about 8 minutes in all; a cheaper first pass,
+# FA_ROBUST_RUNS=3 FA_ROBUST_SKIP=sanitize, about 3 minutes):
 #   seed      issue 17's problem (FA_RANDOM_SEED=258115526, 01_naive backward) passes    ~5 s
 #   suite     ctest -L gpu (without gpu.lab, which builds a tree) FA_ROBUST_RUNS times, new
 #             clock seeds each time; pass/fail and seconds per run              ~25 s per run

@@ -5,6 +5,8 @@
 #   FA_ONLY_STEPS="01_naive;05_split_q"  build only these steps
 #   FA_SANITIZE=1                        also run common/scripts/sanitize.sh (4 tools)
 #   FA_BENCH="--seqlens 4096"            also run the bench with these flags ("all": defaults)
+#   FA_LARGE=1                           also run the large tests (ctest -L large: over 2^31
+#                                        elements per tensor, about a minute, 48+ GiB)
 set -uo pipefail
 out=${OUT:-$PWD/gpu-logs}
 mkdir -p "$out"
@@ -28,6 +30,11 @@ for step in $(ls "$build/bin" | grep -E '^[0-9]{2}_'); do
   done
 done | tee "$out/runner.log"
 "$build/bin/01_naive" --seqlen 256 2>&1 | grep -E "GPU|Ceilings"
+if [ -n "${FA_LARGE:-}" ]; then
+  (cd "$build" && ctest -L large --output-on-failure > "$out/large_tests.log" 2>&1)
+  echo "large tests rc=$? ($(grep -E 'tests passed' "$out/large_tests.log"))"
+  grep -E "^\[ large" "$out/large_tests.log"
+fi
 if [ -n "${FA_SANITIZE:-}" ]; then
   FA_BUILD_DIR="$PWD/$build" FA_SANITIZE_BUDGET=${FA_SANITIZE_BUDGET:-420} \
     bash common/scripts/sanitize.sh "$out/sanitize" 2>&1 | tail -40

@@ -15,7 +15,7 @@ cmake --build "$build" -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error
 grep -E "spill|stack frame" "$out/build.log" | sort -u | head
 filter=""
 for s in ${steps//;/ }; do filter="$filter*/$s*:"; done
-FA_RANDOM_PROBLEMS=${FA_RANDOM_PROBLEMS:-5} "$build/bin/fa_gpu_tests" --gtest_filter="$filter" \
+FA_RANDOM_PROBLEMS=${FA_RANDOM_PROBLEMS:-10} "$build/bin/fa_gpu_tests" --gtest_filter="$filter" \
   --gtest_brief=1 > "$out/tests.log" 2>&1
 echo "conformance rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/tests.log" | head -3 | tr '\n' ' ')"
 grep -A8 "Failure" "$out/tests.log" | head -40

@@ -7,13 +7,17 @@
 #
 # It builds fa_gpu_tests first (configuring FA_BUILD_DIR, default ./build, if needed). What
 # runs per step (a few minutes in all on an H200, several (tool, step) runs in parallel):
-#   - the conformance matrix in fp16 for the odd_mqa, q_lt_k_gqa and q_gt_k shapes (forward,
-#     and backward in both modes where the step has one),
+#   - the conformance matrix in fp16 and bf16 for the odd_mqa, q_lt_k_gqa and q_gt_k shapes
+#     (forward, and backward in both modes where the step has one),
 #   - every named edge case (EdgeCases.*, SafetyEdgeCases.* but LargestGrid and LongSequences),
-#   - FA_RANDOM_PROBLEMS (default 3) random problems with lengths up to FA_RANDOM_MAX_SEQLEN
-#     (default 384).
+#   - FA_RANDOM_PROBLEMS (default 10, the fewest that cover every class the random tests
+#     promise) random problems with lengths up to FA_RANDOM_MAX_SEQLEN (default 384),
+#   - and the same slice again under each FA_SMEM_LIMIT the step's CMakeLists lists
+#     (SMEM_LIMITS, e.g. 07_backward's 99 KB shapes), as "07_backward@101376".
 # Environment:
-#   FA_SANITIZE_STEPS="01_naive,05_split_q"   only these steps (default: every registered one)
+#   FA_SANITIZE_STEPS="01_naive,05_split_q"   only these steps (default: every registered one);
+#       "07_backward@101376" runs a step under FA_SMEM_LIMIT=101376 (added by default for
+#       every limit ctest knows, gpu.conformance.<step>.smem_<bytes>)
 #   FA_SANITIZE_TOOLS="memcheck racecheck"     only these tools
 #   FA_SANITIZE_FILTER='...@STEP@...'          replace the per-step gtest filter (@STEP@ = step)
 #   FA_SANITIZE_TIMEOUT=900                    seconds per (tool, step) run
@@ -42,7 +46,7 @@ tools=${FA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 timeout_s=${FA_SANITIZE_TIMEOUT:-900}
 ncpu=$(nproc)
 jobs=${FA_SANITIZE_JOBS:-$(( ncpu / 2 > 8 ? 8 : (ncpu / 2 < 1 ? 1 : ncpu / 2) ))}
-export FA_RANDOM_PROBLEMS=${FA_RANDOM_PROBLEMS:-3}
+export FA_RANDOM_PROBLEMS=${FA_RANDOM_PROBLEMS:-10}
 export FA_RANDOM_MAX_SEQLEN=${FA_RANDOM_MAX_SEQLEN:-384}
 
 say() { echo "sanitize: $*" | tee -a "$out/summary.txt"; }
@@ -76,25 +80,32 @@ cmake --build "$build" -j "$(nproc)" --target fa_gpu_tests > "$out/build.log" 2>
   || { grep -E "error" "$out/build.log" | head -20; say "build failed (see $out/build.log)"; exit 2; }
 bin=$build/bin/fa_gpu_tests
 
-# The registered steps: the parameters of the named edge cases.
+# The registered steps: the parameters of the named edge cases. Then, per step, the shared
+# memory limits its ctest entries run under (gpu.conformance.<step>.smem_<bytes>), as
+# "<step>@<bytes>" units.
 if [ -n "${FA_SANITIZE_STEPS:-}" ]; then
   steps=$(echo "$FA_SANITIZE_STEPS" | tr ',;' '  ')
 else
   steps=$("$bin" --gtest_list_tests --gtest_filter='Steps/EdgeCases.*' 2>/dev/null |
           sed -n 's/^  [A-Za-z0-9_]*\/\([A-Za-z0-9_]*\).*/\1/p' | awk '!seen[$0]++')
+  limited=$(ctest --test-dir "$build" -N 2>/dev/null |
+            sed -n 's/.* gpu\.conformance\.\([A-Za-z0-9_]*\)\.smem_\([0-9]*\)$/\1@\2/p')
+  steps="$steps $limited"
 fi
 [ -n "$steps" ] || { say "no registered step found in $bin"; exit 2; }
 
-filter_for() {  # the gtest filter of one step
-  local s=$1
+filter_for() {  # the gtest filter of one step ("<step>@<bytes>": the step's)
+  local s=${1%@*}
   if [ -n "${FA_SANITIZE_FILTER:-}" ]; then
     echo "${FA_SANITIZE_FILTER//@STEP@/$s}"
     return
   fi
-  local f="" shape
+  local f="" shape dt
   for shape in odd_mqa q_lt_k_gqa q_gt_k; do
-    f+="Steps/ForwardConformance.*/${s}_fp16_*_${shape}:"
-    f+="Steps/BackwardConformance.*/${s}_fp16_*_${shape}:Steps/BackwardConformance.*/${s}_fp16_*_${shape}_det:"
+    for dt in fp16 bf16; do
+      f+="Steps/ForwardConformance.*/${s}_${dt}_*_${shape}:"
+      f+="Steps/BackwardConformance.*/${s}_${dt}_*_${shape}:Steps/BackwardConformance.*/${s}_${dt}_*_${shape}_det:"
+    done
   done
   f+="Steps/EdgeCases.*/${s}:Steps/SafetyEdgeCases.*/${s}:Random/RandomConformance.*/${s}_fwd:"
   f+="Random/RandomConformance.*/${s}_bwd"
@@ -128,6 +139,7 @@ run_one() {  # tool step shard shards: one tool over one shard of a step's slice
   # zeroes the scratch buffers cuBLAS overwrites, so that only our kernels' reads are judged.
   local envs=(GTEST_TOTAL_SHARDS="$4" GTEST_SHARD_INDEX="$3")
   [ "$tool" = initcheck ] && envs+=(FA_INITCHECK_PREFILL=1)
+  case $s in *@*) envs+=(FA_SMEM_LIMIT="${s#*@}") ;; esac
   env "${envs[@]}" timeout --kill-after=15 "$limit" "$cs" --tool "$tool" \
     --error-exitcode 99 --print-limit 200 --log-file "$base.sanitizer.log" \
     "$bin" --gtest_filter="$(filter_for "$s")" > "$base.log" 2>&1

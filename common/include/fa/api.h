@@ -16,6 +16,26 @@
 /// (bottom-right aligned, as FlashAttention-2 does). A row that sees no key (possible when
 /// \f$N_q > N_k\f$) gets \f$O_i = 0\f$ and \f$L_i = +\infty\f$, so that a backward pass that
 /// recomputes \f$P = e^{S - L}\f$ gets exactly zero for it.
+///
+/// What the checks (fa_check_forward(), fa_check_backward(), and every call) reject, each with
+/// a one-line message in fa_last_error():
+/// - sizes below 1; batch or heads above 65535; seqlen_q or seqlen_k above \f$2^{30}\f$; a
+///   tensor spanning more than \f$2^{62}\f$ elements, or more than \f$2^{62}\f$ scores
+///   (\f$B H N_q N_k\f$); heads not a multiple of heads_kv; a head dim the step lacks;
+/// - a scale that is not finite, or whose \f$\mathrm{scale} \cdot \log_2 e\f$ (the factor
+///   the kernels multiply scores by, in fp32) is not a normal fp32 number: from
+///   \f$1.18 \cdot 10^{-38}\f$ to \f$2.36 \cdot 10^{38}\f$;
+/// - null or misaligned pointers, negative strides, strides that are not multiples of 8, rows
+///   or heads narrower than head_dim;
+/// - **outputs that share memory** (o and lse in the forward; dq, dk and dv in the backward):
+///   an output may not overlap itself (a stride of 0 with a size above 1, or strides under
+///   which two elements meet), another output, or an input (q, k, v, and for the backward o,
+///   lse and d_o). Inputs may share memory with each other. The rule is on the bytes actually
+///   used, not on address ranges: views that interleave in one buffer (q, k, v or dq, dk, dv as
+///   slices of one packed [B, N, 3, H, d] tensor) are disjoint and accepted. The test is exact
+///   for strides that nest (each stride at least the extent of the dimensions inside it, true
+///   of every contiguous, padded, transposed or sliced layout); for strides that do not, a
+///   layout it cannot prove disjoint within a small search is rejected.
 #ifndef FA_API_H_
 #define FA_API_H_
 

@@ -27,8 +27,11 @@ struct RunnerOptions {
   bool help = false;           ///< print the usage and exit
 };
 
-/// Parses runner flags. False with a one-line `error` on an unknown flag or a bad value.
-/// Sizes are not range-checked here: the C API does that, with its own messages.
+/// Parses runner flags. False with a one-line `error` on an unknown flag or a bad value:
+/// a number that does not parse, a --scale that is 0 in fp32 (0, -0, 1e-50: 0 is not "the
+/// default"), a --magnitude that is not a finite number >= 0 or does not fit the dtype,
+/// --deterministic without --backward. Sizes, the scale's range and --heads-kv are left to the
+/// C API, which checks them with its own messages (the runner asks it before any GPU work).
 bool parse_runner_args(const std::vector<std::string>& args, RunnerOptions* out,
                        std::string* error);
 
@@ -55,7 +58,8 @@ struct BenchOptions {
   bool help = false;           ///< print the usage and exit
 };
 
-/// Parses bench flags. False with a one-line `error` on an unknown flag or a bad value.
+/// Parses bench flags. False with a one-line `error` on an unknown flag or a bad value
+/// (also --deterministic when no backward pass is timed).
 bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* out, std::string* error);
 
 /// The bench's --help text.

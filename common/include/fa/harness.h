@@ -30,11 +30,18 @@ struct DeviceTensor {
   fa_tensor view{};          ///< what the API gets
 };
 
-/// A problem in device memory, inputs uploaded once and reused across steps and repeats.
+/// A problem in device memory, inputs made once and reused across steps and repeats.
 class DeviceProblem {
  public:
   /// Uploads `p` with `layout`; `with_backward` also allocates dO (uploaded), dQ, dK, dV.
   DeviceProblem(const HostProblem& p, Layout layout, bool with_backward);
+  /// Makes the inputs on the GPU (fill_inputs_on_device()): the values make_problem(shape,
+  /// spec) draws, bit for bit, without a host copy, in milliseconds even for tensors of
+  /// billions of elements. Check it with check_forward_sampled() / check_backward_sampled(),
+  /// which read back only what the oracle needs. Throws std::runtime_error (with the sizes)
+  /// if the tensors do not fit in the GPU's free memory.
+  DeviceProblem(const ProblemShape& shape, const InputSpec& spec, Layout layout,
+                bool with_backward);
   ~DeviceProblem();
   DeviceProblem(const DeviceProblem&) = delete;
   DeviceProblem& operator=(const DeviceProblem&) = delete;
@@ -52,18 +59,53 @@ class DeviceProblem {
   void download_backward(std::vector<float>* dq, std::vector<float>* dk,
                          std::vector<float>* dv) const;
 
+  /// The inputs of one key/value head group (batch `b`, key/value head `kv_head`) copied back:
+  /// a HostProblem of shape (batch 1, the group's query heads, 1 key/value head, the same
+  /// lengths), all the oracle needs for that group's rows. Row (b, kv_head * group + g, s) of
+  /// the problem is row (0, g, s) of the group.
+  HostProblem download_group(int b, int kv_head) const;
+  /// O and lse of one group, in the group's HostProblem layout: o [Nq, group, d], lse
+  /// [group, Nq].
+  void download_group_forward(int b, int kv_head, std::vector<float>* o,
+                              std::vector<float>* lse) const;
+  /// dQ [Nq, group, d], dK and dV [Nk, 1, d] of one group.
+  void download_group_backward(int b, int kv_head, std::vector<float>* dq, std::vector<float>* dk,
+                               std::vector<float>* dv) const;
+
   /// Sizes and options of the problem.
   const ProblemShape& shape() const { return shape_; }
+  /// How the inputs were drawn.
+  const InputSpec& spec() const { return spec_; }
 
  private:
   ProblemShape shape_;
+  InputSpec spec_;
   DeviceTensor q_, k_, v_, o_, d_o_, dq_, dk_, dv_;
   float* lse_ = nullptr;
   bool with_backward_ = false;
+
+  void allocate(Layout layout);  // every buffer, NaN in the gaps; frees all if one fails
+  void release();
 };
 
 /// Throws std::runtime_error with the message of a failed CUDA call.
 void cuda_check(int error, const char* what);
+
+/// Writes `bits` into the n 16-bit elements at `data` (device memory).
+void fill_bits_on_device(uint16_t* data, size_t n, uint16_t bits);
+
+/// Writes input tensor `tensor` (0..3: Q, K, V, dO) of a problem into the strided device
+/// tensor `view` at `data`: element (b, s, h, c) gets what make_problem() draws for it.
+void fill_inputs_on_device(uint16_t* data, const fa_tensor& view, int batch, int seqlen, int heads,
+                           int d, fa_dtype dtype, const InputSpec& spec, int tensor);
+
+/// Bytes of device memory a DeviceProblem of `shape` takes in the contiguous layout: Q, K, V,
+/// O and lse, and with `with_backward` dO, dQ, dK, dV (a step's own scratch comes on top).
+/// Saturates at SIZE_MAX instead of overflowing.
+size_t device_bytes(const ProblemShape& shape, bool with_backward);
+
+/// "18.4 GiB": a byte count for messages.
+std::string format_bytes(double bytes);
 
 /// The GPU in use (name, multiprocessors, compute capability, driver and runtime versions).
 GpuInfo current_gpu();
@@ -111,6 +153,19 @@ CheckResult check_backward(const std::string& step, DeviceProblem& dp, const Hos
                            const std::vector<RowId>& q_rows, const std::vector<RowId>& kv_rows,
                            bool deterministic);
 
+/// Runs one forward of `step` on a problem made on the GPU and compares O and lse with the
+/// oracle on `rows_per_group` query rows (drawn with `seed`) of the first and the last key/value
+/// head group, the one at the highest addresses; the oracle reads back only those groups'
+/// inputs and outputs (DeviceProblem::download_group()).
+CheckResult check_forward_sampled(const std::string& step, DeviceProblem& dp, int rows_per_group,
+                                  uint64_t seed);
+
+/// Runs a forward and one backward of `step` and compares dQ, dK and dV with the oracle on
+/// `rows` query rows and `rows` key rows of the last key/value head group (plus the keys those
+/// query rows attend to most, add_attended_keys()), reading back only that group.
+CheckResult check_backward_sampled(const std::string& step, DeviceProblem& dp, int rows,
+                                   uint64_t seed, bool deterministic);
+
 /// Median, min and max over `repeats` timed runs after `warmup` untimed ones, each run
 /// between two CUDA events. `backward` times fa_backward (after one forward).
 Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool deterministic,
@@ -140,11 +195,12 @@ MeasureOptions measure_options(const Flags& flags, uint64_t seed) {
   return m;
 }
 
-/// Checks (optionally) and times one step on one problem in one direction ("fwd" or "bwd")
-/// and returns the row for the report (rates and speed-ups are filled later). API errors
-/// (e.g. an unsupported head dim, or a problem too large) end up in ResultRow::error.
+/// Checks (optionally, check_forward_sampled() / check_backward_sampled()) and times one step
+/// on one problem in one direction ("fwd" or "bwd") and returns the row for the report (rates
+/// and speed-ups are filled later). API errors (e.g. an unsupported head dim, or a problem too
+/// large) end up in ResultRow::error.
 ResultRow measure(const std::string& step, const std::string& direction, DeviceProblem& dp,
-                  const HostProblem& p, const MeasureOptions& options);
+                  const MeasureOptions& options);
 
 /// The two ceilings, measured on the current GPU: dense mma.sync m16n8k16 (fp16 in, fp32
 /// accumulate, all SMs, no memory traffic) and a cuBLAS GEMM (8192^3, fp16, fp32 accumulate).

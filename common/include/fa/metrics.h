@@ -13,8 +13,14 @@ namespace fa {
 /// How far an output is from its reference.
 struct ErrorStats {
   double max_abs = 0;  ///< \f$\max_i |out_i - ref_i|\f$ (infinite if any NaN/inf)
-  double rel_l2 = 0;   ///< \f$\|out - ref\|_2 / \|ref\|_2\f$
-  double ref_max = 0;  ///< \f$\max_i |ref_i|\f$
+  /// \f$\max_i \max(|out_i - ref_i| - floor_i, 0)\f$: the error the underflow floor does not
+  /// explain (equal to max_abs without a floor, see compare()). This is what the bound checks.
+  double max_excess = 0;
+  /// \f$\|e\|_2 / \|ref\|_2\f$ with \f$e_i = \max(|out_i - ref_i| - floor_i, 0)\f$, i.e.
+  /// \f$\|out - ref\|_2 / \|ref\|_2\f$ without a floor (denominator: see compare())
+  double rel_l2 = 0;
+  double ref_max = 0;    ///< \f$\max_i |ref_i|\f$
+  double floor_max = 0;  ///< \f$\max_i floor_i\f$ (0 without a floor)
   /// The scale absolute errors are measured against:
   /// \f$\max(\max_i |ref_i|,\ \max_i mag_i / 16,\ 1)\f$ (see compare()).
   double abs_scale = 1;
@@ -27,6 +33,19 @@ struct ErrorStats {
 /// against 1/kCancellationFloor of the terms' magnitude instead of its own (see compare()).
 constexpr double kCancellationFloor = 16.0;
 
+/// The largest absolute error a correct kernel makes when it rounds one value that lies below
+/// the dtype's normal range (a probability \f$P_{ij}\f$ or a \f$dS_{ij}\f$ near 0): half the
+/// spacing of fp16's subnormals, \f$2^{-25}\f$; for bf16 \f$2^{-126}\f$, the fp32 flush to
+/// zero of the exponential (\f$2^{x}\f$ computed with ex2.approx.ftz), which is larger than
+/// bf16's own subnormal spacing. Above the normal threshold rounding is relative
+/// (\f$\epsilon/2\f$) and the relative bounds cover it.
+double underflow_unit(fa_dtype dtype);
+
+/// Values below this magnitude are rounded with the absolute error underflow_unit() rather than a
+/// relative one: twice the dtype's smallest normal (\f$2^{-13}\f$ for fp16, \f$2^{-125}\f$
+/// for bf16), the factor 2 covering the kernel's own small difference from the exact value.
+double underflow_threshold(fa_dtype dtype);
+
 /// Compares `n` outputs with their fp64 reference.
 /// With `mag` (the magnitude of the terms each reference value is summed from, see
 /// BackwardRef::dq_mag), the relative error's denominator is
@@ -38,7 +57,14 @@ constexpr double kCancellationFloor = 16.0;
 /// Any other pair with a NaN or an infinity (a poisoned, unwritten output, an overflow, or a finite
 /// output where the reference is infinite) counts in `non_finite` and makes `max_abs` and `rel_l2`
 /// infinite; `worst` is then the first such element.
-ErrorStats compare(const float* out, const double* ref, size_t n, const double* mag = nullptr);
+///
+/// With `floor` (the underflow floor of each element, see BackwardRef::dq_floor: the sum of
+/// the absolute errors that rounding every underflowing term of it can make), each element's
+/// error is first reduced by its floor, \f$e_i = \max(|out_i - ref_i| - floor_i, 0)\f$, and
+/// max_excess and rel_l2 measure \f$e\f$. The floor is a worst case, not a tolerance: it is 0
+/// wherever no term underflows, and an error beyond it still has to meet the relative bounds.
+ErrorStats compare(const float* out, const double* ref, size_t n, const double* mag = nullptr,
+                   const double* floor = nullptr);
 
 /// What is being checked; the backward's gradients get looser bounds than the forward.
 enum class Quantity {
@@ -47,7 +73,7 @@ enum class Quantity {
   kGradient  ///< dQ, dK, dV (in the dtype)
 };
 
-/// Bounds an output must meet: `max_abs <= max_abs_rel * abs_scale` and
+/// Bounds an output must meet: `max_excess <= max_abs_rel * abs_scale` and
 /// `rel_l2 <= rel_l2`, and no non-finite values. See tolerance() for the numbers and why.
 struct Tolerance {
   double max_abs_rel;  ///< bound on max_abs, relative to \f$\max(\mathrm{ref\_max}, 1)\f$
@@ -78,12 +104,26 @@ struct Tolerance {
 ///   whole group (dK, dV) add more terms. Hence four times the output's bounds.
 ///
 /// bf16 gets bounds \f$8\times\f$ looser than fp16 because its \f$\epsilon\f$ is.
+///
+/// Two refinements, both computed by the oracle for the gradients (compare()):
+/// - the cancellation floor (kCancellationFloor): a gradient that is a cancellation of much
+///   larger terms is measured against 1/16 of those terms' magnitude;
+/// - the underflow floor: where a probability \f$P_{ij}\f$ or a \f$dS_{ij}\f$ lies below the
+///   dtype's normal range (underflow_threshold()), rounding it is an absolute error of up to
+///   underflow_unit() (\f$2^{-25}\f$ in fp16), not a relative one, and a gradient summed only
+///   from such terms (a key that no query row attends to when the softmax is one-hot) can be
+///   rounded to 0 by a correct kernel. Each element's error is reduced by the sum of those
+///   worst cases before the bounds above are applied.
+/// The forward's O needs neither: V has an offset (InputSpec::v_offset), so \f$\|O\|_2\f$ is
+/// never small against its terms, and a probability's underflow error (\f$2^{-25}\f$ per key)
+/// stays far below \f$\epsilon\,\|O\|\f$.
 Tolerance tolerance(fa_dtype dtype, Quantity what);
 
 /// True if `e` is within `t`.
 bool within(const ErrorStats& e, const Tolerance& t);
 
-/// "max|out-ref| 1.2e-03 (bound 3.9e-03)  rel_l2 3.1e-04 (bound 9.8e-04)".
+/// "max|out-ref| 1.2e-03 (bound 3.9e-03)  rel_l2 3.1e-04 (bound 9.8e-04)"; with an underflow
+/// floor, "max|out-ref| 4.0e-10 (bound 1.6e-02 + underflow floor <= 2.0e-06)  rel_l2 ...".
 std::string describe(const ErrorStats& e, const Tolerance& t);
 
 }  // namespace fa

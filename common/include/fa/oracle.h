@@ -31,6 +31,21 @@ std::vector<RowId> sample_q_rows(const ProblemShape& shape, int count, uint64_t 
 /// `count` key rows drawn with `seed` (as sample_q_rows, over key/value heads).
 std::vector<RowId> sample_kv_rows(const ProblemShape& shape, int count, uint64_t seed);
 
+/// Rows for a sampled backward check of one key/value head group (batch `b`, key/value head
+/// `kv_head`): `count` of its query rows (over the group's query heads) and `count` of its key
+/// rows, drawn with `seed` as sample_q_rows() does. The oracle computes L and D on every query
+/// row of each head a requested row touches, so one group keeps its cost to one group's.
+void sample_group_rows(const ProblemShape& shape, int b, int kv_head, int count, uint64_t seed,
+                       std::vector<RowId>* q_rows, std::vector<RowId>* kv_rows);
+
+/// Adds to `kv_rows` (key rows, over key/value heads) the key each of `q_rows` attends to most
+/// (its largest visible score), at most `max_added` new ones, and keeps `kv_rows` sorted by
+/// (b, h, s) without duplicates. A sample of key rows drawn at random may hold none of the keys
+/// a one-hot softmax (inputs of magnitude 50) puts its weight on, and there dK and dV are
+/// nearly 0 whatever a kernel does; these keys carry the gradient a wrong kernel gets wrong.
+void add_attended_keys(const HostProblem& p, const std::vector<RowId>& q_rows, int max_added,
+                       std::vector<RowId>* kv_rows);
+
 /// Result of reference_forward(): O and L of each requested query row, in order.
 struct ForwardRef {
   std::vector<RowId> rows;  ///< the query rows, as requested
@@ -59,6 +74,21 @@ struct BackwardRef {
   std::vector<double> dq_mag;
   std::vector<double> dk_mag;  ///< see dq_mag
   std::vector<double> dv_mag;  ///< see dq_mag
+  /// The underflow floor of each gradient element (same shapes): the largest error that a
+  /// correct kernel's rounding of terms below the dtype's normal range can add up to. With
+  /// \f$u\f$ = underflow_unit() and \f$[x]\f$ = 1 if \f$|x|\f$ < underflow_threshold() else 0,
+  /// over the visible pairs (i, j):
+  /// \f$ dS^{floor}_{ij} = u\,[P_{ij}]\,|dP_{ij} - D_i| + u\,[dS_{ij}] \f$ (P rounded before
+  /// \f$dS = P(dP - D)\f$ is formed, then dS rounded), and
+  /// \f$ s \sum_j dS^{floor}_{ij} |K_j| \f$ for dQ,
+  /// \f$ s \sum_i dS^{floor}_{ij} |Q_i| \f$ for dK,
+  /// \f$ \sum_i u\,[P_{ij}]\,|dO_i| \f$ for dV. It is 0 where no term underflows; with
+  /// inputs of magnitude 50 (a one-hot softmax) a key that no query row attends to has
+  /// \f$dV_j \approx 10^{-10}\f$, summed from probabilities below fp16's smallest subnormal,
+  /// and a correct kernel writes 0 there (see compare()).
+  std::vector<double> dq_floor;
+  std::vector<double> dk_floor;  ///< see dq_floor
+  std::vector<double> dv_floor;  ///< see dq_floor
 };
 /// Backward reference in fp64: dQ on `q_rows`, dK and dV on `kv_rows` (summed over the query
 /// heads that share each key/value head), with \f$s\f$ the softmax scale:

@@ -66,8 +66,17 @@ struct HostProblem {
   size_t lse_index(int b, int h, int i) const;
 };
 
-/// Draws a problem's inputs from `spec` (a counter-based generator: the same seed gives the
-/// same inputs on every machine and for any thread count), rounded to the shape's dtype.
+/// The input tensors in the generator's order: Q 0, K 1, V 2, dO 3 (each its own stream).
+constexpr int kInputTensors = 4;
+
+/// How input tensor `tensor` (0..3, see kInputTensors) is drawn from `spec`: uniform in
+/// \f$[-m, m]\f$ plus an offset (Q, K: the magnitude, no offset; V, dO: magnitude 1 and
+/// v_offset). fa/inputs.h draws each element; the host and the device share both.
+void input_distribution(const InputSpec& spec, int tensor, double* magnitude, double* offset);
+
+/// Draws a problem's inputs from `spec` (a counter-based generator, fa/inputs.h: the same seed
+/// gives the same inputs on every machine, for any thread count, and on the GPU), rounded to
+/// the shape's dtype.
 /// Throws std::invalid_argument for a non-positive size or heads_kv not dividing heads.
 HostProblem make_problem(const ProblemShape& shape, const InputSpec& spec);
 

@@ -80,6 +80,11 @@ struct RunInfo {
 void write_json(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings, const RunInfo& run,
                 const std::vector<ResultRow>& rows);
 
+/// Checks, before any work, that write_report_file() could write `path`: it ends in .csv or
+/// .json, its folder exists and is writable, and it is not itself a folder or a read-only file.
+/// False with a one-line `error` otherwise. Nothing is created.
+bool check_report_path(const std::string& path, std::string* error);
+
 /// Writes CSV if `path` ends in ".csv", JSON if it ends in ".json"; false (and `error`) if
 /// the extension is neither or the file cannot be written.
 bool write_report_file(const std::string& path, const GpuInfo& gpu, const Ceilings& ceilings,

@@ -403,7 +403,9 @@ def forward_args(q: Any, k: Any, v: Any, o: Any, lse: Any = None, causal: bool =
     logsumexp's shape. Sizes, alignment, strides, head dims and the scale are left to the C
     API so that its messages are the same for every caller.
 
-    ``scale`` defaults to ``1 / sqrt(head_dim)``.
+    ``scale`` defaults to ``1 / sqrt(head_dim)`` (``None``); an explicit value, 0 included,
+    goes to the C API as it is. The C API also rejects outputs that share memory with an input,
+    with each other or with themselves (``o`` is ``q``, a stride-0 ``expand``): see api.h.
     """
     B, Nq, H, d = _shape(q, "q", 4, "[batch, seqlen_q, heads, head_dim] (BSHD)")
     kb, Nk, Hkv, kd = _shape(k, "k", 4, "[batch, seqlen_k, heads_kv, head_dim] (BSHD)")

@@ -224,9 +224,70 @@ def test_unsupported_head_dim_every_step():
         assert "supported:" in str(info.value)
 
 
-@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
+@pytest.mark.parametrize("scale", [0.0, -0.0, -1.0, float("nan"), float("inf"), 1e-50, 1e-40,
+                                   3e38])
 def test_bad_scale(scale):
+    # 0 is not "the default" (scale=None is); scale * log2(e) must be a normal fp32 number.
     expect(fs.InvalidArgument, "scale must be finite and > 0", scale=scale)
+
+
+# --- outputs that share memory --------------------------------------------------------------
+
+
+def test_output_that_is_an_input():
+    p = problem()
+    p["o"] = p["q"]  # forward_into(step, q, k, v, o=q)
+    with pytest.raises(fs.InvalidArgument, match="o overlaps the input q in memory"):
+        fs.check_forward(FIRST, causal=True, **p)
+    p = problem(Nk=100, Hkv=8)
+    with pytest.raises(fs.InvalidArgument, match="o overlaps the input q in memory"):
+        fs.forward_into(FIRST, p["q"], p["q"], p["q"], p["q"])  # raised before any launch
+
+
+def test_broadcast_output():
+    # o = torch.empty(1, 100, 8, 64).expand(2, -1, -1, -1): batch stride 0.
+    expect(fs.InvalidArgument, "o.batch_stride is 0 with batch = 2: an output cannot be broadcast",
+           o=FakeTensor((2, 100, 8, 64), strides=(0, 8 * 64, 64, 1)))
+
+
+def test_lse_inside_o():
+    o = FakeTensor((2, 100, 8, 64))
+    expect(fs.InvalidArgument, "o and lse overlap in memory", o=o,
+           lse=FakeTensor((2, 8, 100), "float32", ptr=o.data_ptr() + 64))
+
+
+def test_backward_outputs_that_share_memory():
+    s = backward_step()
+
+    def bexpect(needle, **changes):
+        p = bwd_problem()
+        p.update({k: (v(p) if callable(v) else v) for k, v in changes.items()})
+        with pytest.raises(fs.InvalidArgument) as info:
+            fs.check_backward(s, causal=True, **p)
+        assert needle in str(info.value), str(info.value)
+
+    bexpect("dq overlaps the input d_o", dq=lambda p: p["d_o"])
+    bexpect("dq overlaps the input o", dq=lambda p: p["o"])
+    bexpect("dk and dv overlap in memory", dv=lambda p: p["dk"])
+    bexpect("dv overlaps the input v", dv=lambda p: p["v"])
+
+
+def test_packed_gradients_are_accepted():
+    # dq, dk, dv as views of one [B, N, H + 2 Hkv, d] buffer (a packed QKV gradient, GQA):
+    # interleaved row by row, no byte shared.
+    s = backward_step()
+    B, N, H, Hkv, d = 2, 100, 8, 2, 64
+    W = H + 2 * Hkv
+    strides = (N * W * d, W * d, d, 1)
+    base = FakeTensor((1,)).data_ptr()
+    p = bwd_problem(Nq=N, Nk=N)
+    p["dq"] = FakeTensor((B, N, H, d), ptr=base, strides=strides)
+    p["dk"] = FakeTensor((B, N, Hkv, d), ptr=base + 2 * H * d, strides=strides)
+    p["dv"] = FakeTensor((B, N, Hkv, d), ptr=base + 2 * (H + Hkv) * d, strides=strides)
+    fs.check_backward(s, causal=True, **p)
+    p["dv"] = FakeTensor((B, N, Hkv, d), ptr=base + 2 * (H + 1) * d, strides=strides)
+    with pytest.raises(fs.InvalidArgument, match="dk and dv overlap in memory"):
+        fs.check_backward(s, causal=True, **p)
 
 
 @pytest.mark.parametrize("name", ["q", "k", "v", "o"])

@@ -3,6 +3,8 @@
 /// dispatch to the registered steps.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -10,8 +12,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "fa/api.h"
+#include "fa/env.h"
 #include "fa/registry.h"
 #include "fa/step.h"
 
@@ -48,8 +52,123 @@ std::string head_dim_list(const Step& step) {
 }
 
 constexpr int kMaxGridYZ = 65535;  // heads and batch map to grid dims y and z
+/// Longest sequence accepted: the kernels round lengths up to whole blocks (up to 256 rows) in
+/// 32-bit ints, which must not overflow; 2^30 tokens is far beyond any GPU's memory anyway.
+constexpr int kMaxSeqlen = 1 << 30;
+/// Largest element offset inside a tensor, and largest number of scores B*H*Nq*Nk: both are
+/// kept in 64-bit integers (byte offsets, buffer sizes), which this leaves room for.
+constexpr int64_t kMaxElements = int64_t{1} << 62;
 
-fa_status check_tensor(const char* name, const fa_tensor& t, int head_dim, bool has_rows) {
+/// The memory of one tensor, for the overlap rules: up to three strided dimensions (count and
+/// stride in bytes) of contiguous runs of `run` bytes (a row of head_dim elements).
+struct Footprint {
+  const char* name;
+  uintptr_t base;
+  int64_t count[3];
+  int64_t stride[3];
+  int64_t run;
+};
+
+Footprint footprint(const char* name, const fa_tensor& t, int batch, int seqlen, int heads,
+                    int head_dim) {
+  return {name,
+          reinterpret_cast<uintptr_t>(t.ptr),
+          {batch, seqlen, heads},
+          {2 * t.batch_stride, 2 * t.row_stride, 2 * t.head_stride},
+          2 * static_cast<int64_t>(head_dim)};
+}
+
+/// One unknown of the overlap search: c * v with v in [lo, hi] (c > 0).
+struct Term {
+  int64_t c, lo, hi;
+};
+
+/// Searches for integers v_k in [lo_k, hi_k] with target_lo < sum c_k v_k < target_hi, the terms
+/// sorted by decreasing c. At each level only the few values of v_k that the remaining terms can
+/// still bring into the interval are tried (at most three when the strides nest, as every real
+/// layout's do). `nonzero`: a solution must have some v_k != 0. Returns 1 (found), 0 (none),
+/// or -1 when `budget` nodes did not settle it.
+int search(const std::vector<Term>& terms, size_t k, __int128 target_lo, __int128 target_hi,
+           bool nonzero, int* budget) {
+  if (--*budget < 0) return -1;
+  if (k == terms.size()) return (!nonzero && target_lo < 0 && 0 < target_hi) ? 1 : 0;
+  __int128 rest_min = 0, rest_max = 0;
+  for (size_t m = k + 1; m < terms.size(); ++m) {
+    rest_min += static_cast<__int128>(terms[m].c) * terms[m].lo;
+    rest_max += static_cast<__int128>(terms[m].c) * terms[m].hi;
+  }
+  const Term& t = terms[k];
+  // c v > target_lo - rest_max and c v < target_hi - rest_min (floor division for negatives).
+  auto floor_div = [](__int128 a, __int128 b) { return a / b - ((a % b != 0) && (a < 0)); };
+  const __int128 v_lo = std::max<__int128>(t.lo, floor_div(target_lo - rest_max, t.c) + 1);
+  const __int128 v_hi = std::min<__int128>(t.hi, -floor_div(-(target_hi - rest_min), t.c) - 1);
+  if (v_hi - v_lo > 64) return -1;  // strides that do not nest: give up, count as overlap
+  bool undecided = false;
+  for (__int128 v = v_lo; v <= v_hi; ++v) {
+    const int r =
+        search(terms, k + 1, target_lo - t.c * v, target_hi - t.c * v, nonzero && v == 0, budget);
+    if (r == 1) return 1;
+    if (r < 0) undecided = true;
+  }
+  return undecided ? -1 : 0;
+}
+
+/// Adds c * v, v in [lo, hi], merging it into a term of the same c (the same stride: their
+/// indices add up, e.g. heads of two views of one buffer).
+void add_term(std::vector<Term>* terms, int64_t c, int64_t lo, int64_t hi) {
+  if (c == 0 || (lo == 0 && hi == 0)) return;
+  for (Term& t : *terms)
+    if (t.c == c) {
+      t.lo += lo;
+      t.hi += hi;
+      return;
+    }
+  terms->push_back({c, lo, hi});
+}
+
+int solve(std::vector<Term> terms, __int128 target_lo, __int128 target_hi, bool nonzero) {
+  std::sort(terms.begin(), terms.end(), [](const Term& a, const Term& b) { return a.c > b.c; });
+  int budget = 4096;
+  return search(terms, 0, target_lo, target_hi, nonzero, &budget);
+}
+
+/// True unless two elements of an output could share memory; `detail` says which strides.
+bool self_disjoint(const Footprint& f) {
+  std::vector<Term> terms;
+  for (int k = 0; k < 3; ++k) {
+    if (f.count[k] <= 1) continue;
+    for (const Term& t : terms)
+      if (t.c == f.stride[k]) return false;  // two dimensions on the same stride
+    add_term(&terms, f.stride[k], -(f.count[k] - 1), f.count[k] - 1);
+  }
+  // Two different index vectors (a difference v != 0) whose runs overlap: |sum c v| < run.
+  return solve(terms, -f.run, f.run, true) == 0;
+}
+
+/// True unless the memory of `a` and `b` could intersect (exact for strides that nest, and
+/// conservative otherwise: undecided counts as overlapping).
+bool disjoint(const Footprint& a, const Footprint& b) {
+  // Quick answer: the byte ranges [first, last] are apart.
+  auto last = [](const Footprint& f) {
+    __int128 end = f.base;
+    for (int k = 0; k < 3; ++k) end += static_cast<__int128>(f.count[k] - 1) * f.stride[k];
+    return end + f.run;
+  };
+  if (last(a) <= static_cast<__int128>(b.base) || last(b) <= static_cast<__int128>(a.base))
+    return true;
+  // A run of a at x and one of b at y overlap iff -run_b < y - x < run_a, with
+  // y - x = (b.base - a.base) + sum_k stride_b,k j_k - sum_k stride_a,k i_k.
+  std::vector<Term> terms;
+  for (int k = 0; k < 3; ++k) {
+    if (a.count[k] > 1) add_term(&terms, a.stride[k], -(a.count[k] - 1), 0);
+    if (b.count[k] > 1) add_term(&terms, b.stride[k], 0, b.count[k] - 1);
+  }
+  const __int128 delta = static_cast<__int128>(b.base) - static_cast<__int128>(a.base);
+  return solve(terms, -b.run - delta, a.run - delta, false) == 0;
+}
+
+fa_status check_tensor(const char* name, const fa_tensor& t, int batch, int seqlen, int heads,
+                       int head_dim) {
   if (t.ptr == nullptr) return set_error(FA_ERR_INVALID_ARGUMENT, "%s.ptr is NULL", name);
   if (reinterpret_cast<uintptr_t>(t.ptr) % 16 != 0)
     return set_error(FA_ERR_INVALID_ARGUMENT,
@@ -58,9 +177,11 @@ fa_status check_tensor(const char* name, const fa_tensor& t, int head_dim, bool 
   const struct {
     const char* what;
     int64_t value;
-  } strides[] = {{"batch_stride", t.batch_stride},
-                 {"row_stride", t.row_stride},
-                 {"head_stride", t.head_stride}};
+    int count;
+  } strides[] = {{"batch_stride", t.batch_stride, batch},
+                 {"row_stride", t.row_stride, seqlen},
+                 {"head_stride", t.head_stride, heads}};
+  __int128 last = head_dim;  // one past the last element, in elements
   for (const auto& s : strides) {
     if (s.value < 0)
       return set_error(FA_ERR_INVALID_ARGUMENT, "%s.%s must be >= 0 (got %lld)", name, s.what,
@@ -69,8 +190,9 @@ fa_status check_tensor(const char* name, const fa_tensor& t, int head_dim, bool 
       return set_error(FA_ERR_INVALID_ARGUMENT,
                        "%s.%s (%lld) must be a multiple of 8 elements (16-byte aligned rows)", name,
                        s.what, static_cast<long long>(s.value));
+    last += static_cast<__int128>(s.value) * (s.count - 1);
   }
-  if (has_rows && t.row_stride < head_dim)
+  if (t.row_stride < head_dim)
     return set_error(FA_ERR_INVALID_ARGUMENT,
                      "%s.row_stride (%lld) is smaller than head_dim (%d): rows would overlap", name,
                      static_cast<long long>(t.row_stride), head_dim);
@@ -78,7 +200,59 @@ fa_status check_tensor(const char* name, const fa_tensor& t, int head_dim, bool 
     return set_error(FA_ERR_INVALID_ARGUMENT,
                      "%s.head_stride (%lld) is smaller than head_dim (%d): heads would overlap",
                      name, static_cast<long long>(t.head_stride), head_dim);
+  if (last > kMaxElements || static_cast<__int128>(reinterpret_cast<uintptr_t>(t.ptr)) + 2 * last >
+                                 static_cast<__int128>(UINTPTR_MAX))
+    return set_error(FA_ERR_UNSUPPORTED,
+                     "%s spans more than 2^62 elements with these sizes and strides: too large "
+                     "for 64-bit offsets",
+                     name);
   return FA_OK;
+}
+
+/// An output must not overlap itself (no zero or colliding strides), any input, or any other
+/// output: the kernels write it from many threads, in no fixed order, while reading the inputs.
+fa_status check_outputs(const std::vector<Footprint>& outputs,
+                        const std::vector<Footprint>& inputs) {
+  static const char* const kStrideNames[3] = {"batch_stride", "row_stride", "head_stride"};
+  static const char* const kCountNames[3] = {"batch", "seqlen", "heads"};
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Footprint& o = outputs[i];
+    for (int k = 0; k < 3; ++k)
+      if (o.stride[k] == 0 && o.count[k] > 1)
+        return set_error(FA_ERR_INVALID_ARGUMENT,
+                         "%s.%s is 0 with %s = %lld: an output cannot be broadcast, every element "
+                         "it writes needs memory of its own",
+                         o.name, kStrideNames[k], kCountNames[k],
+                         static_cast<long long>(o.count[k]));
+    if (!self_disjoint(o))
+      return set_error(FA_ERR_INVALID_ARGUMENT,
+                       "%s's strides (batch %lld, row %lld, head %lld elements) make two of its "
+                       "elements share memory: an output needs every element in its own place",
+                       o.name, static_cast<long long>(o.stride[0] / 2),
+                       static_cast<long long>(o.stride[1] / 2),
+                       static_cast<long long>(o.stride[2] / 2));
+    for (size_t j = 0; j < outputs.size(); ++j)
+      if (j != i && !disjoint(o, outputs[j]))
+        return set_error(FA_ERR_INVALID_ARGUMENT,
+                         "%s and %s overlap in memory: outputs may not share memory with each "
+                         "other or with an input",
+                         o.name, outputs[j].name);
+    for (const Footprint& in : inputs)
+      if (!disjoint(o, in))
+        return set_error(FA_ERR_INVALID_ARGUMENT,
+                         "%s overlaps the input %s in memory: outputs may not share memory with "
+                         "an input or with each other",
+                         o.name, in.name);
+  }
+  return FA_OK;
+}
+
+Footprint lse_footprint(const char* name, const float* lse, const fa_fwd_args& a) {
+  return {name,
+          reinterpret_cast<uintptr_t>(lse),
+          {a.batch, a.heads, a.seqlen_q},
+          {4 * static_cast<int64_t>(a.heads) * a.seqlen_q, 4 * static_cast<int64_t>(a.seqlen_q), 4},
+          4};
 }
 
 fa_status check_forward_args(const Step& step, const fa_fwd_args& a) {
@@ -96,26 +270,54 @@ fa_status check_forward_args(const Step& step, const fa_fwd_args& a) {
   if (a.batch > kMaxGridYZ || a.heads > kMaxGridYZ)
     return set_error(FA_ERR_UNSUPPORTED, "batch (%d) and heads (%d) must be <= %d", a.batch,
                      a.heads, kMaxGridYZ);
+  if (a.seqlen_q > kMaxSeqlen || a.seqlen_k > kMaxSeqlen)
+    return set_error(FA_ERR_UNSUPPORTED,
+                     "seqlen_q (%d) and seqlen_k (%d) must be <= %d: the kernels round lengths "
+                     "up to whole blocks in 32-bit integers",
+                     a.seqlen_q, a.seqlen_k, kMaxSeqlen);
   if (a.heads % a.heads_kv != 0)
     return set_error(FA_ERR_INVALID_ARGUMENT, "heads (%d) must be a multiple of heads_kv (%d)",
                      a.heads, a.heads_kv);
+  if (static_cast<__int128>(a.batch) * a.heads * a.seqlen_q * a.seqlen_k > kMaxElements)
+    return set_error(FA_ERR_UNSUPPORTED,
+                     "batch * heads * seqlen_q * seqlen_k (%d * %d * %d * %d) is more than 2^62 "
+                     "scores: too large for 64-bit sizes",
+                     a.batch, a.heads, a.seqlen_q, a.seqlen_k);
   if (!step.supports_head_dim(a.head_dim))
     return set_error(FA_ERR_UNSUPPORTED, "head_dim %d is not supported by step %s (supported: %s)",
                      a.head_dim, step.name, head_dim_list(step).c_str());
-  if (!std::isfinite(a.scale) || a.scale <= 0.f)
-    return set_error(FA_ERR_INVALID_ARGUMENT, "scale must be finite and > 0 (got %g)",
-                     static_cast<double>(a.scale));
+  // The kernels compute exp2(x * scale * log2(e)) in fp32: that factor must be a normal, finite
+  // fp32 number (0, a subnormal or an overflow would give a uniform or an infinite softmax).
+  constexpr double kLog2e = 1.4426950408889634;
+  if (!std::isfinite(a.scale) || !(a.scale >= FLT_MIN) ||
+      !(static_cast<double>(a.scale) * kLog2e <= FLT_MAX))
+    return set_error(FA_ERR_INVALID_ARGUMENT,
+                     "scale must be finite and > 0, from %.3g to %.3g, so that scale * log2(e) "
+                     "is a normal fp32 number (got %g)",
+                     static_cast<double>(FLT_MIN), FLT_MAX / kLog2e, static_cast<double>(a.scale));
   if (a.causal != 0 && a.causal != 1)
     return set_error(FA_ERR_INVALID_ARGUMENT, "causal must be 0 or 1 (got %d)", a.causal);
   fa_status st;
-  if ((st = check_tensor("q", a.q, a.head_dim, true)) != FA_OK) return st;
-  if ((st = check_tensor("k", a.k, a.head_dim, true)) != FA_OK) return st;
-  if ((st = check_tensor("v", a.v, a.head_dim, true)) != FA_OK) return st;
-  if ((st = check_tensor("o", a.o, a.head_dim, true)) != FA_OK) return st;
+  if ((st = check_tensor("q", a.q, a.batch, a.seqlen_q, a.heads, a.head_dim)) != FA_OK) return st;
+  if ((st = check_tensor("k", a.k, a.batch, a.seqlen_k, a.heads_kv, a.head_dim)) != FA_OK)
+    return st;
+  if ((st = check_tensor("v", a.v, a.batch, a.seqlen_k, a.heads_kv, a.head_dim)) != FA_OK)
+    return st;
+  if ((st = check_tensor("o", a.o, a.batch, a.seqlen_q, a.heads, a.head_dim)) != FA_OK) return st;
   if (a.lse != nullptr && reinterpret_cast<uintptr_t>(a.lse) % 16 != 0)
     return set_error(FA_ERR_INVALID_ARGUMENT, "lse (%p) is not 16-byte aligned",
                      static_cast<void*>(a.lse));
   return FA_OK;
+}
+
+/// The forward's tensors as footprints: q, k, v, o, and lse if not null.
+std::vector<Footprint> forward_footprints(const fa_fwd_args& a) {
+  std::vector<Footprint> f = {footprint("q", a.q, a.batch, a.seqlen_q, a.heads, a.head_dim),
+                              footprint("k", a.k, a.batch, a.seqlen_k, a.heads_kv, a.head_dim),
+                              footprint("v", a.v, a.batch, a.seqlen_k, a.heads_kv, a.head_dim),
+                              footprint("o", a.o, a.batch, a.seqlen_q, a.heads, a.head_dim)};
+  if (a.lse != nullptr) f.push_back(lse_footprint("lse", a.lse, a));
+  return f;
 }
 
 fa_status check_backward_args(const Step& step, const fa_bwd_args& a) {
@@ -124,17 +326,38 @@ fa_status check_backward_args(const Step& step, const fa_bwd_args& a) {
                      step.name, step_list(true).c_str());
   fa_status st = check_forward_args(step, a.fwd);
   if (st != FA_OK) return st;
-  if (a.fwd.lse == nullptr)
+  const fa_fwd_args& f = a.fwd;
+  if (f.lse == nullptr)
     return set_error(FA_ERR_INVALID_ARGUMENT,
                      "fwd.lse is NULL: the backward needs the forward's logsumexp");
-  if ((st = check_tensor("d_o", a.d_o, a.fwd.head_dim, true)) != FA_OK) return st;
-  if ((st = check_tensor("dq", a.dq, a.fwd.head_dim, true)) != FA_OK) return st;
-  if ((st = check_tensor("dk", a.dk, a.fwd.head_dim, true)) != FA_OK) return st;
-  if ((st = check_tensor("dv", a.dv, a.fwd.head_dim, true)) != FA_OK) return st;
+  if ((st = check_tensor("d_o", a.d_o, f.batch, f.seqlen_q, f.heads, f.head_dim)) != FA_OK)
+    return st;
+  if ((st = check_tensor("dq", a.dq, f.batch, f.seqlen_q, f.heads, f.head_dim)) != FA_OK) return st;
+  if ((st = check_tensor("dk", a.dk, f.batch, f.seqlen_k, f.heads_kv, f.head_dim)) != FA_OK)
+    return st;
+  if ((st = check_tensor("dv", a.dv, f.batch, f.seqlen_k, f.heads_kv, f.head_dim)) != FA_OK)
+    return st;
   if (a.deterministic != 0 && a.deterministic != 1)
     return set_error(FA_ERR_INVALID_ARGUMENT, "deterministic must be 0 or 1 (got %d)",
                      a.deterministic);
-  return FA_OK;
+  // Everything the forward wrote is read here: q, k, v, o, lse and d_o are the inputs.
+  std::vector<Footprint> inputs = forward_footprints(f);
+  inputs.back().name = "fwd.lse";
+  inputs.push_back(footprint("d_o", a.d_o, f.batch, f.seqlen_q, f.heads, f.head_dim));
+  const std::vector<Footprint> outputs = {
+      footprint("dq", a.dq, f.batch, f.seqlen_q, f.heads, f.head_dim),
+      footprint("dk", a.dk, f.batch, f.seqlen_k, f.heads_kv, f.head_dim),
+      footprint("dv", a.dv, f.batch, f.seqlen_k, f.heads_kv, f.head_dim)};
+  return check_outputs(outputs, inputs);
+}
+
+/// The forward's overlap rules (separate from check_forward_args(), which the backward also
+/// runs on its forward arguments, where o and lse are inputs).
+fa_status check_forward_outputs(const fa_fwd_args& a) {
+  std::vector<Footprint> all = forward_footprints(a);
+  const std::vector<Footprint> inputs(all.begin(), all.begin() + 3);
+  const std::vector<Footprint> outputs(all.begin() + 3, all.end());
+  return check_outputs(outputs, inputs);
 }
 
 fa_status lookup(const char* name, const Step** step) {
@@ -187,13 +410,9 @@ fa_status set_error(fa_status status, const char* format, ...) {
 
 fa_status smem_per_block_optin(int* bytes) {
   long long limit = -1;  // none
-  if (const char* env = std::getenv("FA_SMEM_LIMIT")) {
-    char* end = nullptr;
-    limit = std::strtoll(env, &end, 10);
-    if (end == env || *end != '\0' || limit <= 0)
-      return set_error(FA_ERR_INVALID_ARGUMENT,
-                       "FA_SMEM_LIMIT=%s: expected a positive number of bytes (e.g. 101376)", env);
-  }
+  std::string error;
+  if (env_smem_limit(&limit, &error) == EnvStatus::kInvalid)
+    return set_error(FA_ERR_INVALID_ARGUMENT, "%s", error.c_str());
   int device = 0, optin = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess)
@@ -240,7 +459,8 @@ fa_status fa_check_forward(const char* step, const fa_fwd_args* args) {
   fa_status st = fa::lookup(step, &s);
   if (st != FA_OK) return st;
   if (args == nullptr) return fa::set_error(FA_ERR_INVALID_ARGUMENT, "args is NULL");
-  return fa::finish(fa::check_forward_args(*s, *args));
+  if ((st = fa::check_forward_args(*s, *args)) != FA_OK) return st;
+  return fa::finish(fa::check_forward_outputs(*args));
 }
 
 fa_status fa_check_backward(const char* step, const fa_bwd_args* args) {

@@ -43,16 +43,42 @@ fa_tensor make_view(Layout layout, int batch, int seqlen, int heads, int d, size
 DeviceTensor alloc_tensor(Layout layout, int batch, int seqlen, int heads, int d) {
   DeviceTensor t;
   t.view = make_view(layout, batch, seqlen, heads, d, &t.elements);
-  cuda_check(cudaMalloc(&t.data, t.elements * sizeof(uint16_t)), "cudaMalloc");
-  // Gaps hold NaN: a kernel that reads outside its rows produces NaN and fails the check.
-  std::vector<uint16_t> nan_fill(std::min<size_t>(t.elements, 1 << 20), kNanBits);
-  for (size_t off = 0; off < t.elements; off += nan_fill.size()) {
-    const size_t n = std::min(nan_fill.size(), t.elements - off);
-    cuda_check(cudaMemcpy(t.data + off, nan_fill.data(), n * 2, cudaMemcpyHostToDevice),
-               "cudaMemcpy");
+  const cudaError_t err = cudaMalloc(&t.data, t.elements * sizeof(uint16_t));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error("cudaMalloc of " + format_bytes(t.elements * 2.0) +
+                             " for a tensor failed: " + cudaGetErrorString(err));
   }
+  // Gaps hold NaN: a kernel that reads outside its rows produces NaN and fails the check.
+  fill_bits_on_device(t.data, t.elements, kNanBits);
   t.view.ptr = t.data;
   return t;
+}
+
+/// Copies rows [0, seqlen) of head `h` of batch `b` (d values each) of a device tensor into
+/// `out` at out[s * out_row_stride + c], as floats: one strided copy per head.
+void download_head(const DeviceTensor& t, fa_dtype dtype, int b, int h, int seqlen, int d,
+                   float* out, size_t out_row_stride) {
+  std::vector<uint16_t> staged(static_cast<size_t>(seqlen) * d);
+  const uint16_t* src = t.data + b * t.view.batch_stride + h * t.view.head_stride;
+  cuda_check(cudaMemcpy2D(staged.data(), d * 2, src, t.view.row_stride * 2, d * 2, seqlen,
+                          cudaMemcpyDeviceToHost),
+             "cudaMemcpy2D (download)");
+  for (int s = 0; s < seqlen; ++s)
+    for (int c = 0; c < d; ++c)
+      out[s * out_row_stride + c] = from_bits(dtype, staged[static_cast<size_t>(s) * d + c]);
+}
+
+/// The query heads of group (b, kv_head) of a [B, N, H, d] device tensor as a [N, group, d]
+/// host array (the group's HostProblem layout).
+std::vector<float> download_group_heads(const DeviceTensor& t, const ProblemShape& s, int b,
+                                        int first_head, int heads, int seqlen) {
+  std::vector<float> out(static_cast<size_t>(seqlen) * heads * s.head_dim);
+  for (int g = 0; g < heads; ++g)
+    download_head(t, s.dtype, b, first_head + g, seqlen, s.head_dim,
+                  out.data() + static_cast<size_t>(g) * s.head_dim,
+                  static_cast<size_t>(heads) * s.head_dim);
+  return out;
 }
 
 void free_tensor(DeviceTensor* t) {
@@ -130,8 +156,10 @@ bool finished(fa_status st, CheckResult* result) {
 /// lse), records its stats and where its largest error is, and fails the result if out of bounds.
 void add_stats(CheckResult* result, const std::string& name, const std::vector<float>& out,
                const std::vector<double>& ref, const Tolerance& tol, const std::vector<RowId>& rows,
-               int width, const std::vector<double>* mag = nullptr) {
-  ErrorStats e = compare(out.data(), ref.data(), out.size(), mag ? mag->data() : nullptr);
+               int width, const std::vector<double>* mag = nullptr,
+               const std::vector<double>* floor = nullptr) {
+  ErrorStats e = compare(out.data(), ref.data(), out.size(), mag ? mag->data() : nullptr,
+                         floor ? floor->data() : nullptr);
   result->stats.emplace_back(name, e);
   ErrorLocation where;
   where.quantity = name;
@@ -155,24 +183,6 @@ void add_stats(CheckResult* result, const std::string& name, const std::vector<f
   }
 }
 
-/// Backward check rows of large problems come from one key/value head and the query heads of
-/// its group (chosen by `seed`): the oracle's cost for dK and dV grows with every head it
-/// touches (all query rows of each), so this keeps a 16K-token check to seconds.
-void sample_backward_rows(const ProblemShape& s, int count, uint64_t seed,
-                          std::vector<RowId>* q_rows, std::vector<RowId>* kv_rows) {
-  const int group = s.heads / s.heads_kv;
-  const int b0 = static_cast<int>(seed % s.batch);
-  const int hk0 = static_cast<int>((seed / 7) % s.heads_kv);
-  ProblemShape one = s;  // the chosen group alone: batch 1, `group` query heads, 1 kv head
-  one.batch = 1;
-  one.heads = group;
-  one.heads_kv = 1;
-  *q_rows = sample_q_rows(one, count, seed);
-  *kv_rows = sample_kv_rows(one, count, seed + 1);
-  for (RowId& r : *q_rows) r = {b0, hk0 * group + r.h, r.s};
-  for (RowId& r : *kv_rows) r = {b0, hk0, r.s};
-}
-
 }  // namespace
 
 void cuda_check(int error, const char* what) {
@@ -182,30 +192,128 @@ void cuda_check(int error, const char* what) {
   }
 }
 
+void DeviceProblem::allocate(Layout layout) {
+  const ProblemShape& s = shape_;
+  // Everything this problem allocates, checked against the free memory first so that a
+  // problem too large fails with its sizes rather than somewhere inside cudaMalloc.
+  struct Planned {
+    DeviceTensor* tensor;
+    int seqlen, heads;
+  };
+  std::vector<Planned> plan = {{&q_, s.seqlen_q, s.heads},
+                               {&k_, s.seqlen_k, s.heads_kv},
+                               {&v_, s.seqlen_k, s.heads_kv},
+                               {&o_, s.seqlen_q, s.heads}};
+  if (with_backward_)
+    plan.insert(plan.end(), {{&d_o_, s.seqlen_q, s.heads},
+                             {&dq_, s.seqlen_q, s.heads},
+                             {&dk_, s.seqlen_k, s.heads_kv},
+                             {&dv_, s.seqlen_k, s.heads_kv}});
+  const size_t lse_bytes = static_cast<size_t>(s.batch) * s.heads * s.seqlen_q * 4;
+  double need = static_cast<double>(lse_bytes);
+  for (const Planned& t : plan) {
+    size_t elements = 0;
+    make_view(layout, s.batch, t.seqlen, t.heads, s.head_dim, &elements);
+    need += 2.0 * elements;
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  if (need > static_cast<double>(free_bytes))
+    throw std::runtime_error(s.describe() + ": the tensors need " + format_bytes(need) +
+                             " of device memory, " + format_bytes(free_bytes) + " of " +
+                             format_bytes(total_bytes) + " is free");
+  try {
+    for (const Planned& t : plan)
+      *t.tensor = alloc_tensor(layout, s.batch, t.seqlen, t.heads, s.head_dim);
+    cuda_check(cudaMalloc(&lse_, lse_bytes), "cudaMalloc (lse)");
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+void DeviceProblem::release() {
+  for (DeviceTensor* t : {&q_, &k_, &v_, &o_, &d_o_, &dq_, &dk_, &dv_}) free_tensor(t);
+  if (lse_) cudaFree(lse_);
+  lse_ = nullptr;
+}
+
 DeviceProblem::DeviceProblem(const HostProblem& p, Layout layout, bool with_backward)
-    : shape_(p.shape), with_backward_(with_backward) {
+    : shape_(p.shape), spec_(p.spec), with_backward_(with_backward) {
+  allocate(layout);
   const ProblemShape& s = p.shape;
-  q_ = alloc_tensor(layout, s.batch, s.seqlen_q, s.heads, s.head_dim);
-  k_ = alloc_tensor(layout, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
-  v_ = alloc_tensor(layout, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
-  o_ = alloc_tensor(layout, s.batch, s.seqlen_q, s.heads, s.head_dim);
-  upload(q_, p.q, s.dtype, s.batch, s.seqlen_q, s.heads, s.head_dim);
-  upload(k_, p.k, s.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
-  upload(v_, p.v, s.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
-  cuda_check(cudaMalloc(&lse_, static_cast<size_t>(s.batch) * s.heads * s.seqlen_q * 4),
-             "cudaMalloc (lse)");
-  if (with_backward) {
-    d_o_ = alloc_tensor(layout, s.batch, s.seqlen_q, s.heads, s.head_dim);
-    dq_ = alloc_tensor(layout, s.batch, s.seqlen_q, s.heads, s.head_dim);
-    dk_ = alloc_tensor(layout, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
-    dv_ = alloc_tensor(layout, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
-    upload(d_o_, p.d_o, s.dtype, s.batch, s.seqlen_q, s.heads, s.head_dim);
+  try {
+    upload(q_, p.q, s.dtype, s.batch, s.seqlen_q, s.heads, s.head_dim);
+    upload(k_, p.k, s.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+    upload(v_, p.v, s.dtype, s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+    if (with_backward) upload(d_o_, p.d_o, s.dtype, s.batch, s.seqlen_q, s.heads, s.head_dim);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+DeviceProblem::DeviceProblem(const ProblemShape& shape, const InputSpec& spec, Layout layout,
+                             bool with_backward)
+    : shape_(shape), spec_(spec), with_backward_(with_backward) {
+  allocate(layout);
+  const ProblemShape& s = shape;
+  try {
+    fill_inputs_on_device(q_.data, q_.view, s.batch, s.seqlen_q, s.heads, s.head_dim, s.dtype, spec,
+                          0);
+    fill_inputs_on_device(k_.data, k_.view, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, s.dtype,
+                          spec, 1);
+    fill_inputs_on_device(v_.data, v_.view, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, s.dtype,
+                          spec, 2);
+    if (with_backward)
+      fill_inputs_on_device(d_o_.data, d_o_.view, s.batch, s.seqlen_q, s.heads, s.head_dim, s.dtype,
+                            spec, 3);
+    cuda_check(cudaDeviceSynchronize(), "making the inputs on the GPU");
+  } catch (...) {
+    release();
+    throw;
   }
 }
 
 DeviceProblem::~DeviceProblem() {
-  for (DeviceTensor* t : {&q_, &k_, &v_, &o_, &d_o_, &dq_, &dk_, &dv_}) free_tensor(t);
-  if (lse_) cudaFree(lse_);
+  release();
+}
+
+HostProblem DeviceProblem::download_group(int b, int kv_head) const {
+  const ProblemShape& s = shape_;
+  const int group = s.heads / s.heads_kv;
+  HostProblem p;
+  p.shape = s;
+  p.shape.batch = 1;
+  p.shape.heads = group;
+  p.shape.heads_kv = 1;
+  p.spec = spec_;
+  p.q = download_group_heads(q_, s, b, kv_head * group, group, s.seqlen_q);
+  p.k = download_group_heads(k_, s, b, kv_head, 1, s.seqlen_k);
+  p.v = download_group_heads(v_, s, b, kv_head, 1, s.seqlen_k);
+  if (with_backward_) p.d_o = download_group_heads(d_o_, s, b, kv_head * group, group, s.seqlen_q);
+  return p;
+}
+
+void DeviceProblem::download_group_forward(int b, int kv_head, std::vector<float>* o,
+                                           std::vector<float>* lse) const {
+  const ProblemShape& s = shape_;
+  const int group = s.heads / s.heads_kv;
+  *o = download_group_heads(o_, s, b, kv_head * group, group, s.seqlen_q);
+  lse->resize(static_cast<size_t>(group) * s.seqlen_q);
+  const size_t first = (static_cast<size_t>(b) * s.heads + kv_head * group) * s.seqlen_q;
+  cuda_check(cudaMemcpy(lse->data(), lse_ + first, lse->size() * 4, cudaMemcpyDeviceToHost),
+             "cudaMemcpy (lse)");
+}
+
+void DeviceProblem::download_group_backward(int b, int kv_head, std::vector<float>* dq,
+                                            std::vector<float>* dk, std::vector<float>* dv) const {
+  if (!with_backward_) throw std::logic_error("DeviceProblem built without backward buffers");
+  const ProblemShape& s = shape_;
+  const int group = s.heads / s.heads_kv;
+  *dq = download_group_heads(dq_, s, b, kv_head * group, group, s.seqlen_q);
+  *dk = download_group_heads(dk_, s, b, kv_head, 1, s.seqlen_k);
+  *dv = download_group_heads(dv_, s, b, kv_head, 1, s.seqlen_k);
 }
 
 fa_fwd_args DeviceProblem::forward_args() const {
@@ -298,17 +406,49 @@ GpuInfo current_gpu() {
   return g;
 }
 
+namespace {
+
+/// The NVIDIA kernel module is loaded (it publishes its version under /proc).
+bool nvidia_driver_loaded() {
+  FILE* f = std::fopen("/proc/driver/nvidia/version", "r");
+  if (f != nullptr) std::fclose(f);
+  return f != nullptr;
+}
+
+}  // namespace
+
 bool gpu_available(std::string* why) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
     cudaGetLastError();
-    if (why) *why = err != cudaSuccess ? cudaGetErrorString(err) : "no device found";
+    std::string reason;
+    if (err == cudaSuccess || err == cudaErrorNoDevice) {
+      reason = "no CUDA device found";
+    } else if (err == cudaErrorInsufficientDriver && !nvidia_driver_loaded()) {
+      // The CUDA runtime reports a missing driver as an old one; without the NVIDIA kernel
+      // module there is no driver at all, and no GPU it could drive.
+      reason = "no NVIDIA driver is loaded: this machine has no GPU, or its driver is missing";
+    } else if (err == cudaErrorInsufficientDriver) {
+      reason = std::string("the NVIDIA driver is older than this program's CUDA runtime (") +
+               cudaGetErrorString(err) + "): update the driver";
+    } else {
+      reason = cudaGetErrorString(err);
+    }
+    if (why) *why = reason;
     return false;
   }
   cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || prop.major < 8) {
-    if (why) *why = std::string(prop.name) + " is older than sm_80";
+  err = cudaGetDeviceProperties(&prop, 0);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    if (why) *why = std::string("cannot query GPU 0: ") + cudaGetErrorString(err);
+    return false;
+  }
+  if (prop.major < 8) {
+    if (why)
+      *why = std::string(prop.name) + " is sm_" + std::to_string(prop.major) +
+             std::to_string(prop.minor) + ", older than sm_80";
     return false;
   }
   return true;
@@ -344,21 +484,67 @@ std::string CheckResult::summary() const {
   return out;
 }
 
+namespace {
+
+/// Compares O and lse (gathered in the order of `rows`, which name the rows in the problem's
+/// coordinates) with the oracle's.
+void compare_forward(CheckResult* result, const std::vector<float>& o,
+                     const std::vector<float>& lse, const ForwardRef& ref,
+                     const std::vector<RowId>& rows, const ProblemShape& s) {
+  add_stats(result, "O", o, ref.o, tolerance(s.dtype, Quantity::kOutput), rows, s.head_dim);
+  add_stats(result, "lse", lse, ref.lse, tolerance(s.dtype, Quantity::kLse), rows, 1);
+}
+
+/// Compares dQ on `q_rows` and dK, dV on `kv_rows` (problem coordinates) with the oracle's.
+void compare_backward(CheckResult* result, const std::vector<float>& dq,
+                      const std::vector<float>& dk, const std::vector<float>& dv,
+                      const BackwardRef& ref, const std::vector<RowId>& q_rows,
+                      const std::vector<RowId>& kv_rows, const ProblemShape& s) {
+  const Tolerance tol = tolerance(s.dtype, Quantity::kGradient);
+  add_stats(result, "dQ", dq, ref.dq, tol, q_rows, s.head_dim, &ref.dq_mag, &ref.dq_floor);
+  add_stats(result, "dK", dk, ref.dk, tol, kv_rows, s.head_dim, &ref.dk_mag, &ref.dk_floor);
+  add_stats(result, "dV", dv, ref.dv, tol, kv_rows, s.head_dim, &ref.dv_mag, &ref.dv_floor);
+}
+
+/// Runs a forward (and the backward) of `step` on `dp` with poisoned outputs; false (with the
+/// error in `result`) if the API or the GPU reported one.
+bool run_step(const std::string& step, DeviceProblem& dp, bool backward, bool deterministic,
+              CheckResult* result) {
+  dp.poison_outputs();
+  const fa_fwd_args fwd = dp.forward_args();
+  fa_status st = fa_forward(step.c_str(), &fwd, nullptr);
+  if (backward && st == FA_OK) {
+    const fa_bwd_args bwd = dp.backward_args(deterministic);
+    st = fa_backward(step.c_str(), &bwd, nullptr);
+  }
+  return finished(st, result);
+}
+
+/// The key/value head groups a sampled check reads: the first and the last (highest addresses).
+std::vector<std::pair<int, int>> checked_groups(const ProblemShape& s) {
+  std::vector<std::pair<int, int>> groups = {{0, 0}};
+  if (s.batch > 1 || s.heads_kv > 1) groups.push_back({s.batch - 1, s.heads_kv - 1});
+  return groups;
+}
+
+/// Row r of group (b, kv_head)'s HostProblem as a row of the whole problem.
+RowId in_problem(const RowId& r, int b, int kv_head, int group) {
+  return {b, kv_head * group + r.h, r.s};
+}
+
+}  // namespace
+
 CheckResult check_forward(const std::string& step, DeviceProblem& dp, const HostProblem& p,
                           const std::vector<RowId>& rows) {
   CheckResult result;
-  dp.poison_outputs();
-  const fa_fwd_args args = dp.forward_args();
-  if (!finished(fa_forward(step.c_str(), &args, nullptr), &result)) return result;
+  if (!run_step(step, dp, false, false, &result)) return result;
   std::vector<float> o, lse;
   dp.download_forward(&o, &lse);
-  const ForwardRef ref = reference_forward(p, rows);
   const ProblemShape& s = p.shape;
-  add_stats(&result, "O", gather_rows(o, rows, s.seqlen_q, s.heads, s.head_dim), ref.o,
-            tolerance(s.dtype, Quantity::kOutput), rows, s.head_dim);
   std::vector<float> lse_rows;
   for (const RowId& r : rows) lse_rows.push_back(lse[p.lse_index(r.b, r.h, r.s)]);
-  add_stats(&result, "lse", lse_rows, ref.lse, tolerance(s.dtype, Quantity::kLse), rows, 1);
+  compare_forward(&result, gather_rows(o, rows, s.seqlen_q, s.heads, s.head_dim), lse_rows,
+                  reference_forward(p, rows), rows, s);
   return result;
 }
 
@@ -366,23 +552,66 @@ CheckResult check_backward(const std::string& step, DeviceProblem& dp, const Hos
                            const std::vector<RowId>& q_rows, const std::vector<RowId>& kv_rows,
                            bool deterministic) {
   CheckResult result;
-  dp.poison_outputs();
-  const fa_fwd_args fwd = dp.forward_args();
-  const fa_bwd_args bwd = dp.backward_args(deterministic);
-  fa_status st = fa_forward(step.c_str(), &fwd, nullptr);
-  if (st == FA_OK) st = fa_backward(step.c_str(), &bwd, nullptr);
-  if (!finished(st, &result)) return result;
+  if (!run_step(step, dp, true, deterministic, &result)) return result;
   std::vector<float> dq, dk, dv;
   dp.download_backward(&dq, &dk, &dv);
-  const BackwardRef ref = reference_backward(p, q_rows, kv_rows);
   const ProblemShape& s = p.shape;
-  const Tolerance tol = tolerance(s.dtype, Quantity::kGradient);
-  add_stats(&result, "dQ", gather_rows(dq, q_rows, s.seqlen_q, s.heads, s.head_dim), ref.dq, tol,
-            q_rows, s.head_dim, &ref.dq_mag);
-  add_stats(&result, "dK", gather_rows(dk, kv_rows, s.seqlen_k, s.heads_kv, s.head_dim), ref.dk,
-            tol, kv_rows, s.head_dim, &ref.dk_mag);
-  add_stats(&result, "dV", gather_rows(dv, kv_rows, s.seqlen_k, s.heads_kv, s.head_dim), ref.dv,
-            tol, kv_rows, s.head_dim, &ref.dv_mag);
+  compare_backward(&result, gather_rows(dq, q_rows, s.seqlen_q, s.heads, s.head_dim),
+                   gather_rows(dk, kv_rows, s.seqlen_k, s.heads_kv, s.head_dim),
+                   gather_rows(dv, kv_rows, s.seqlen_k, s.heads_kv, s.head_dim),
+                   reference_backward(p, q_rows, kv_rows), q_rows, kv_rows, s);
+  return result;
+}
+
+CheckResult check_forward_sampled(const std::string& step, DeviceProblem& dp, int rows_per_group,
+                                  uint64_t seed) {
+  CheckResult result;
+  if (!run_step(step, dp, false, false, &result)) return result;
+  const ProblemShape& s = dp.shape();
+  const int group = s.heads / s.heads_kv;
+  std::vector<float> o_rows, lse_rows;
+  std::vector<RowId> rows;
+  ForwardRef ref;
+  for (const auto& [b, kv_head] : checked_groups(s)) {
+    const HostProblem p = dp.download_group(b, kv_head);
+    const std::vector<RowId> group_rows = sample_q_rows(p.shape, rows_per_group, seed + b);
+    std::vector<float> o, lse;
+    dp.download_group_forward(b, kv_head, &o, &lse);
+    const std::vector<float> gathered = gather_rows(o, group_rows, s.seqlen_q, group, s.head_dim);
+    o_rows.insert(o_rows.end(), gathered.begin(), gathered.end());
+    for (const RowId& r : group_rows) {
+      lse_rows.push_back(lse[p.lse_index(0, r.h, r.s)]);
+      rows.push_back(in_problem(r, b, kv_head, group));
+    }
+    const ForwardRef part = reference_forward(p, group_rows);
+    ref.o.insert(ref.o.end(), part.o.begin(), part.o.end());
+    ref.lse.insert(ref.lse.end(), part.lse.begin(), part.lse.end());
+  }
+  ref.rows = rows;
+  compare_forward(&result, o_rows, lse_rows, ref, rows, s);
+  return result;
+}
+
+CheckResult check_backward_sampled(const std::string& step, DeviceProblem& dp, int rows,
+                                   uint64_t seed, bool deterministic) {
+  CheckResult result;
+  if (!run_step(step, dp, true, deterministic, &result)) return result;
+  const ProblemShape& s = dp.shape();
+  const int group = s.heads / s.heads_kv;
+  const int b = s.batch - 1, kv_head = s.heads_kv - 1;  // the highest addresses
+  const HostProblem p = dp.download_group(b, kv_head);
+  std::vector<RowId> q_rows, kv_rows;
+  sample_group_rows(p.shape, 0, 0, rows, seed, &q_rows, &kv_rows);
+  add_attended_keys(p, q_rows, rows, &kv_rows);
+  std::vector<float> dq, dk, dv;
+  dp.download_group_backward(b, kv_head, &dq, &dk, &dv);
+  std::vector<RowId> q_where, kv_where;
+  for (const RowId& r : q_rows) q_where.push_back(in_problem(r, b, kv_head, group));
+  for (const RowId& r : kv_rows) kv_where.push_back({b, kv_head, r.s});
+  compare_backward(&result, gather_rows(dq, q_rows, s.seqlen_q, group, s.head_dim),
+                   gather_rows(dk, kv_rows, s.seqlen_k, 1, s.head_dim),
+                   gather_rows(dv, kv_rows, s.seqlen_k, 1, s.head_dim),
+                   reference_backward(p, q_rows, kv_rows), q_where, kv_where, s);
   return result;
 }
 
@@ -427,21 +656,19 @@ Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool
 }
 
 ResultRow measure(const std::string& step, const std::string& direction, DeviceProblem& dp,
-                  const HostProblem& p, const MeasureOptions& options) {
+                  const MeasureOptions& options) {
   ResultRow row;
   row.step = step;
   row.direction = direction;
-  row.shape = p.shape;
+  row.shape = dp.shape();
   const bool backward = direction == "bwd";
   if (options.check) {
-    std::vector<RowId> q_rows, kv_rows;
-    if (backward)
-      sample_backward_rows(p.shape, options.check_rows, options.seed, &q_rows, &kv_rows);
-    else
-      q_rows = sample_q_rows(p.shape, options.check_rows, options.seed);
-    const CheckResult c = backward
-                              ? check_backward(step, dp, p, q_rows, kv_rows, options.deterministic)
-                              : check_forward(step, dp, p, q_rows);
+    const int groups = static_cast<int>(checked_groups(dp.shape()).size());
+    const CheckResult c =
+        backward ? check_backward_sampled(step, dp, options.check_rows, options.seed,
+                                          options.deterministic)
+                 : check_forward_sampled(step, dp, std::max(1, options.check_rows / groups),
+                                         options.seed);
     if (!c.ran) {
       row.error = c.error;
       return row;
@@ -460,6 +687,25 @@ ResultRow measure(const std::string& step, const std::string& direction, DeviceP
     row.error = e.what();
   }
   return row;
+}
+
+size_t device_bytes(const ProblemShape& s, bool with_backward) {
+  const double q = 2.0 * s.batch * s.seqlen_q * s.heads * s.head_dim;
+  const double kv = 2.0 * s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
+  const double lse = 4.0 * s.batch * s.heads * s.seqlen_q;
+  const double total = (with_backward ? 2 : 1) * (2 * q + 2 * kv) + lse;
+  return total >= 1.8e19 ? SIZE_MAX : static_cast<size_t>(total);
+}
+
+std::string format_bytes(double bytes) {
+  char text[64];
+  if (bytes >= 1099511627776.0)
+    std::snprintf(text, sizeof text, "%.1f TiB", bytes / 1099511627776.0);
+  else if (bytes >= 1073741824.0)
+    std::snprintf(text, sizeof text, "%.1f GiB", bytes / 1073741824.0);
+  else
+    std::snprintf(text, sizeof text, "%.1f MiB", bytes / 1048576.0);
+  return text;
 }
 
 }  // namespace fa

@@ -2,6 +2,7 @@
 /// \brief Flag parsing for the runners and the bench: one small table-driven parser.
 #include "fa/cli.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -49,7 +50,9 @@ bool parse_float(const std::string& flag, const std::string& text, float* out, s
   errno = 0;
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || errno != 0) {
+  // ERANGE on underflow still gives a usable (tiny) value; overflow gives +-HUGE_VAL: both are
+  // judged by the callers' range checks, so only a text that is not a number fails here.
+  if (text.empty() || *end != '\0' || (errno != 0 && errno != ERANGE)) {
     *error = flag + " expects a number (got '" + text + "')";
     return false;
   }
@@ -183,15 +186,19 @@ bool parse_runner_args(const std::vector<std::string>& args, RunnerOptions* o, s
   *o = RunnerOptions();
   o->shape.batch = 1;
   o->shape.heads = 16;
-  o->shape.heads_kv = 0;  // 0 until set: defaults to heads
   o->shape.seqlen_q = o->shape.seqlen_k = 4096;
   o->shape.head_dim = 128;
   ProblemShape& s = o->shape;
+  bool heads_kv_set = false, scale_set = false;
+  std::string scale_text, magnitude_text = "1";
   std::vector<Flag> flags = {
       {"--batch", true, [&](auto& v, auto* e) { return parse_int("--batch", v, &s.batch, e); }},
       {"--heads", true, [&](auto& v, auto* e) { return parse_int("--heads", v, &s.heads, e); }},
       {"--heads-kv", true,
-       [&](auto& v, auto* e) { return parse_int("--heads-kv", v, &s.heads_kv, e); }},
+       [&](auto& v, auto* e) {
+         heads_kv_set = true;
+         return parse_int("--heads-kv", v, &s.heads_kv, e);
+       }},
       {"--seqlen", true,
        [&](auto& v, auto* e) {
          return parse_int("--seqlen", v, &s.seqlen_q, e) &&
@@ -205,15 +212,40 @@ bool parse_runner_args(const std::vector<std::string>& args, RunnerOptions* o, s
        [&](auto& v, auto* e) { return parse_int("--head-dim", v, &s.head_dim, e); }},
       {"--dtype", true, [&](auto& v, auto* e) { return parse_dtype_flag(v, &s.dtype, e); }},
       {"--causal", false, [&](auto&, auto*) { return s.causal = true; }},
-      {"--scale", true, [&](auto& v, auto* e) { return parse_float("--scale", v, &s.scale, e); }},
+      {"--scale", true,
+       [&](auto& v, auto* e) {
+         scale_set = true;
+         scale_text = v;
+         return parse_float("--scale", v, &s.scale, e);
+       }},
       {"--magnitude", true,
-       [&](auto& v, auto* e) { return parse_float("--magnitude", v, &o->magnitude, e); }},
+       [&](auto& v, auto* e) {
+         magnitude_text = v;
+         return parse_float("--magnitude", v, &o->magnitude, e);
+       }},
       {"--backward", false, [&](auto&, auto*) { return o->backward = true; }},
       {"--no-ceilings", false, [&](auto&, auto*) { return !(o->ceilings = false); }},
   };
   add_run_flags(&flags, o);
   if (!parse_flags(args, flags, error)) return false;
-  if (s.heads_kv == 0) s.heads_kv = s.heads;
+  if (!heads_kv_set) s.heads_kv = s.heads;  // an explicit --heads-kv 0 goes to the API as 0
+  if (scale_set && s.scale == 0.f) {
+    // ProblemShape's scale 0 means "1/sqrt(d)": an explicit 0 (or -0, or 1e-50, which is 0 in
+    // fp32) must not quietly become that.
+    *error = "--scale must be > 0 (got '" + scale_text + "', which is 0 in fp32)";
+    return false;
+  }
+  const double largest = s.dtype == FA_BF16 ? 3.3895313892515355e38 : 65504.0;
+  if (!std::isfinite(o->magnitude) || o->magnitude < 0.f || o->magnitude > largest) {
+    *error = "--magnitude must be a finite number from 0 to " +
+             std::string(s.dtype == FA_BF16 ? "3.39e38" : "65504") + " (the largest " +
+             dtype_name(s.dtype) + " value) (got '" + magnitude_text + "')";
+    return false;
+  }
+  if (o->deterministic && !o->backward) {
+    *error = "--deterministic applies to the backward pass: add --backward";
+    return false;
+  }
   return true;
 }
 
@@ -295,6 +327,11 @@ bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* o, std
       *error = "--head-dims values must be >= 1";
       return false;
     }
+  if (o->deterministic &&
+      std::find(o->directions.begin(), o->directions.end(), "bwd") == o->directions.end()) {
+    *error = "--deterministic applies to the backward pass, which --direction fwd leaves out";
+    return false;
+  }
   return true;
 }
 

@@ -10,6 +10,8 @@
 #include <thread>
 #include <tuple>
 
+#include "fa/metrics.h"
+
 namespace fa {
 namespace {
 
@@ -158,6 +160,42 @@ std::vector<RowId> sample_kv_rows(const ProblemShape& shape, int count, uint64_t
                      seed ^ 0x2545f4914f6cdd1dull);
 }
 
+void sample_group_rows(const ProblemShape& shape, int b, int kv_head, int count, uint64_t seed,
+                       std::vector<RowId>* q_rows, std::vector<RowId>* kv_rows) {
+  const int group = shape.heads / shape.heads_kv;
+  ProblemShape one = shape;  // the group alone: batch 1, `group` query heads, 1 key/value head
+  one.batch = 1;
+  one.heads = group;
+  one.heads_kv = 1;
+  *q_rows = sample_q_rows(one, count, seed);
+  *kv_rows = sample_kv_rows(one, count, seed);
+  for (RowId& r : *q_rows) r = {b, kv_head * group + r.h, r.s};
+  for (RowId& r : *kv_rows) r = {b, kv_head, r.s};
+}
+
+void add_attended_keys(const HostProblem& p, const std::vector<RowId>& q_rows, int max_added,
+                       std::vector<RowId>* kv_rows) {
+  const ProblemShape& s = p.shape;
+  const int group = s.heads / s.heads_kv;
+  std::set<std::tuple<int, int, int>> keys;
+  for (const RowId& r : *kv_rows) keys.emplace(r.b, r.h, r.s);
+  int added = 0;
+  for (const RowId& row : q_rows) {
+    if (added >= max_added) break;
+    const int kv_head = row.h / group;
+    const float* q = &p.q[p.q_index(row.b, row.s, row.h, 0)];
+    int best = -1;
+    double best_score = -kInf;
+    for (int j = 0; j < visible_keys(s, row.s); ++j) {
+      const double score = dot(q, &p.k[p.kv_index(row.b, j, kv_head, 0)], s.head_dim);
+      if (score > best_score) best_score = score, best = j;
+    }
+    if (best >= 0 && keys.emplace(row.b, kv_head, best).second) ++added;
+  }
+  kv_rows->clear();
+  for (const auto& [b, h, j] : keys) kv_rows->push_back({b, h, j});
+}
+
 ForwardRef reference_forward(const HostProblem& p, const std::vector<RowId>& rows) {
   const ProblemShape& s = p.shape;
   const int d = s.head_dim;
@@ -189,6 +227,12 @@ BackwardRef reference_backward(const HostProblem& p, const std::vector<RowId>& q
   ref.dq_mag.assign(q_rows.size() * d, 0.0);
   ref.dk_mag.assign(kv_rows.size() * d, 0.0);
   ref.dv_mag.assign(kv_rows.size() * d, 0.0);
+  ref.dq_floor.assign(q_rows.size() * d, 0.0);
+  ref.dk_floor.assign(kv_rows.size() * d, 0.0);
+  ref.dv_floor.assign(kv_rows.size() * d, 0.0);
+  // Rounding a probability or a dS below the dtype's normal range costs up to `unit` each.
+  const double unit = underflow_unit(s.dtype), threshold = underflow_threshold(s.dtype);
+  auto underflows = [threshold](double x) { return std::abs(x) < threshold ? 1.0 : 0.0; };
 
   // 1. L_i and D_i = dO_i . O_i for every query row of every (b, h) the requested rows touch:
   //    a dK/dV row needs all query rows of all query heads in its group.
@@ -223,15 +267,19 @@ BackwardRef reference_backward(const HostProblem& p, const std::vector<RowId>& q
     const float* d_o = &p.d_o[p.q_index(row.b, row.s, row.h, 0)];
     double* dq = &ref.dq[r * d];
     double* dq_mag = &ref.dq_mag[r * d];
+    double* dq_floor = &ref.dq_floor[r * d];
     for (int j = 0; j < visible_keys(s, row.s); ++j) {
       const float* k = &p.k[p.kv_index(row.b, j, kv_head, 0)];
       const double prob = std::exp(scale * dot(q, k, d) - lse[at]);
       const double d_prob = dot(d_o, &p.v[p.kv_index(row.b, j, kv_head, 0)], d);
       const double d_score = prob * (d_prob - delta[at]);
       const double d_score_mag = prob * (std::abs(d_prob) + std::abs(delta[at]));
+      const double d_score_floor =
+          unit * (underflows(prob) * std::abs(d_prob - delta[at]) + underflows(d_score));
       for (int c = 0; c < d; ++c) {
         dq[c] += scale * d_score * k[c];
         dq_mag[c] += scale * d_score_mag * std::abs(k[c]);
+        dq_floor[c] += scale * d_score_floor * std::abs(k[c]);
       }
     }
   });
@@ -246,6 +294,8 @@ BackwardRef reference_backward(const HostProblem& p, const std::vector<RowId>& q
     double* dv = &ref.dv[r * d];
     double* dk_mag = &ref.dk_mag[r * d];
     double* dv_mag = &ref.dv_mag[r * d];
+    double* dk_floor = &ref.dk_floor[r * d];
+    double* dv_floor = &ref.dv_floor[r * d];
     for (int h = row.h * group; h < (row.h + 1) * group; ++h) {
       for (int i = first_query_seeing(s, row.s); i < s.seqlen_q; ++i) {
         const size_t at = p.lse_index(row.b, h, i);
@@ -255,11 +305,16 @@ BackwardRef reference_backward(const HostProblem& p, const std::vector<RowId>& q
         const double d_prob = dot(d_o, v, d);
         const double d_score = prob * (d_prob - delta[at]);
         const double d_score_mag = prob * (std::abs(d_prob) + std::abs(delta[at]));
+        const double prob_floor = unit * underflows(prob);
+        const double d_score_floor =
+            prob_floor * std::abs(d_prob - delta[at]) + unit * underflows(d_score);
         for (int c = 0; c < d; ++c) {
           dv[c] += prob * d_o[c];
           dk[c] += scale * d_score * q[c];
           dv_mag[c] += prob * std::abs(d_o[c]);
           dk_mag[c] += scale * d_score_mag * std::abs(q[c]);
+          dv_floor[c] += prob_floor * std::abs(d_o[c]);
+          dk_floor[c] += scale * d_score_floor * std::abs(q[c]);
         }
       }
     }

@@ -11,55 +11,15 @@
 #include <stdexcept>
 #include <thread>
 
+#include "fa/inputs.h"
+
 namespace fa {
 namespace {
-
-uint32_t float_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
 
 float bits_float(uint32_t u) {
   float x;
   std::memcpy(&x, &u, sizeof x);
   return x;
-}
-
-/// Rounds the low `shift` bits of `value` away, to nearest, ties to even.
-uint32_t shift_round_even(uint32_t value, int shift) {
-  const uint32_t kept = value >> shift;
-  const uint32_t rest = value & ((1u << shift) - 1u);
-  const uint32_t half = 1u << (shift - 1);
-  return kept + ((rest > half || (rest == half && (kept & 1u))) ? 1u : 0u);
-}
-
-uint16_t float_to_half_bits(float x) {
-  const uint32_t u = float_bits(x);
-  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  const uint32_t abs_bits = u & 0x7fffffffu;
-  if (abs_bits > 0x7f800000u) {  // NaN: keep it quiet and keep the top payload bits
-    return static_cast<uint16_t>(sign | 0x7e00u | ((abs_bits >> 13) & 0x3ffu));
-  }
-  // 65520 = 0x477ff000 is the tie between 65504 (odd mantissa) and 2^16: it and everything
-  // above round to infinity.
-  if (abs_bits >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
-  const int exponent = static_cast<int>(abs_bits >> 23);  // biased by 127
-  if (exponent >= 113) {                                  // fp16 normal: 2^-14 and above
-    // A carry out of the mantissa correctly bumps the exponent (65504 cannot carry: see above).
-    const uint32_t half =
-        (static_cast<uint32_t>(exponent - 112) << 10) | (abs_bits & 0x7fffffu) >> 13;
-    const uint32_t rest = abs_bits & 0x1fffu;
-    const uint32_t rounded =
-        half + ((rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ? 1u : 0u);
-    return static_cast<uint16_t>(sign | rounded);
-  }
-  // fp16 subnormal: value = m * 2^-24. Below 2^-25 (and the tie at 2^-25) it rounds to zero.
-  if (exponent < 102) return sign;
-  const uint32_t mantissa = (abs_bits & 0x7fffffu) | 0x800000u;
-  // value * 2^24 = mantissa * 2^(exponent - 126); the shift is 14..24. Rounding up to 0x400
-  // gives the smallest normal, which is the right bit pattern.
-  return static_cast<uint16_t>(sign | shift_round_even(mantissa, 126 - exponent));
 }
 
 float half_bits_to_float(uint16_t h) {
@@ -73,36 +33,8 @@ float half_bits_to_float(uint16_t h) {
   return sign ? -magnitude : magnitude;
 }
 
-uint16_t float_to_bf16_bits(float x) {
-  const uint32_t u = float_bits(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: quiet it, keep sign and top payload bits
-    return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  }
-  // bf16 is the top half of a float: round the low 16 bits to nearest even. Overflow carries
-  // into the exponent and gives infinity, as it should.
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 float bf16_bits_to_float(uint16_t b) {
   return bits_float(static_cast<uint32_t>(b) << 16);
-}
-
-/// splitmix64's finalizer: a bijective 64-bit mix.
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
-
-/// Uniform in (-1, 1), a pure function of (seed, tensor, index): no state, so the values do not
-/// depend on the order or the threads that draw them.
-double uniform_pm1(uint64_t seed, uint64_t tensor, uint64_t index) {
-  const uint64_t stream = mix64(seed * kGolden + (tensor + 1) * 0xd1b54a32d192ed03ull);
-  const uint64_t bits = mix64(stream + (index + 1) * kGolden);
-  const double unit = (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53;  // (0, 1)
-  return 2.0 * unit - 1.0;
 }
 
 /// Runs fn(begin, end) over [0, n) in chunks on the machine's cores.
@@ -132,8 +64,8 @@ void fill(std::vector<float>& out, size_t n, fa_dtype dtype, uint64_t seed, uint
   float* data = out.data();
   parallel_chunks(n, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
-      const double value = magnitude * uniform_pm1(seed, tensor, i) + offset;
-      data[i] = round_to(dtype, static_cast<float>(value));
+      data[i] = from_bits(
+          dtype, inputs::element_bits(dtype == FA_BF16, seed, tensor, i, magnitude, offset));
     }
   });
 }
@@ -209,12 +141,20 @@ HostProblem make_problem(const ProblemShape& shape, const InputSpec& spec) {
       static_cast<size_t>(shape.batch) * shape.seqlen_q * shape.heads * shape.head_dim;
   const size_t kv_size =
       static_cast<size_t>(shape.batch) * shape.seqlen_k * shape.heads_kv * shape.head_dim;
-  // Tensor ids 0..3 give each tensor its own stream of the generator.
-  fill(p.q, q_size, shape.dtype, spec.seed, 0, spec.magnitude, 0.0);
-  fill(p.k, kv_size, shape.dtype, spec.seed, 1, spec.magnitude, 0.0);
-  fill(p.v, kv_size, shape.dtype, spec.seed, 2, 1.0, spec.v_offset);
-  fill(p.d_o, q_size, shape.dtype, spec.seed, 3, 1.0, spec.v_offset);
+  std::vector<float>* tensors[kInputTensors] = {&p.q, &p.k, &p.v, &p.d_o};
+  for (int t = 0; t < kInputTensors; ++t) {
+    double magnitude = 0, offset = 0;
+    input_distribution(spec, t, &magnitude, &offset);
+    fill(*tensors[t], t == 0 || t == 3 ? q_size : kv_size, shape.dtype, spec.seed, t, magnitude,
+         offset);
+  }
   return p;
+}
+
+void input_distribution(const InputSpec& spec, int tensor, double* magnitude, double* offset) {
+  const bool qk = tensor == 0 || tensor == 1;
+  *magnitude = qk ? spec.magnitude : 1.0;
+  *offset = qk ? 0.0 : spec.v_offset;
 }
 
 float round_to(fa_dtype dtype, float x) {
@@ -222,7 +162,7 @@ float round_to(fa_dtype dtype, float x) {
 }
 
 uint16_t to_bits(fa_dtype dtype, float x) {
-  return dtype == FA_BF16 ? float_to_bf16_bits(x) : float_to_half_bits(x);
+  return dtype == FA_BF16 ? inputs::float_to_bf16_bits(x) : inputs::float_to_half_bits(x);
 }
 
 float from_bits(fa_dtype dtype, uint16_t bits) {

@@ -2,6 +2,9 @@
 /// \brief Table, CSV and JSON output of measured rows.
 #include "fa/report.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -203,6 +206,32 @@ void write_json(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings, 
        << json_escape(r.error) << "\"}";
   }
   os << "\n  ]\n}\n";
+}
+
+bool check_report_path(const std::string& path, std::string* error) {
+  auto fail = [&](const std::string& why) {
+    if (error) *error = "--out " + path + ": " + why;
+    return false;
+  };
+  auto ends_with = [&](const char* ext) {
+    const std::string e(ext);
+    return path.size() > e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0;
+  };
+  if (!ends_with(".csv") && !ends_with(".json"))
+    return fail("the file name must end in .csv or .json");
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return fail("the folder " + dir + " does not exist");
+  if (access(dir.c_str(), W_OK) != 0) return fail("the folder " + dir + " is not writable");
+  if (stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return fail("is a folder");
+    if (access(path.c_str(), W_OK) != 0) return fail("exists and is not writable");
+  }
+  return true;
 }
 
 bool write_report_file(const std::string& path, const GpuInfo& gpu, const Ceilings& ceilings,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fa/cli.h"
+#include "fa/env.h"
 #include "fa/harness.h"
 
 int main(int argc, char** argv) {
@@ -34,6 +35,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench: unknown step '%s'\n", s.c_str());
       return 2;
     }
+  long long smem_limit = 0;
+  if ((!opt.out.empty() && !fa::check_report_path(opt.out, &error)) ||
+      fa::env_smem_limit(&smem_limit, &error) == fa::EnvStatus::kInvalid) {
+    std::fprintf(stderr, "bench: %s\n", error.c_str());
+    return 2;
+  }
   std::string why;
   if (!fa::gpu_available(&why)) {
     std::fprintf(stderr, "bench: no usable CUDA GPU (%s); the benchmark needs an sm_80+ GPU\n",
@@ -76,18 +83,17 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < shapes.size(); ++i) {
       fa::InputSpec spec;
       spec.seed = opt.seed + i;
-      const fa::HostProblem problem = fa::make_problem(shapes[i], spec);
       const bool any_bwd = [&] {
         for (const std::string& dir : opt.directions)
           for (const std::string& st : steps)
             if (dir == "bwd" && fa_step_has_backward(st.c_str()) == 1) return true;
         return false;
       }();
-      fa::DeviceProblem dp(problem, fa::Layout::kContiguous, any_bwd);
+      fa::DeviceProblem dp(shapes[i], spec, fa::Layout::kContiguous, any_bwd);  // made on the GPU
       for (const std::string& dir : opt.directions)
         for (const std::string& st : steps) {
           if (dir == "bwd" && fa_step_has_backward(st.c_str()) != 1) continue;
-          rows.push_back(fa::measure(st, dir, dp, problem, fa::measure_options(opt, spec.seed)));
+          rows.push_back(fa::measure(st, dir, dp, fa::measure_options(opt, spec.seed)));
           const fa::ResultRow& r = rows.back();
           if (!r.error.empty() || (r.checked && !r.passed)) ++failed;
           ++done;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "fa/env.h"
 #include "fa/harness.h"
 #include "gpu_test_util.h"
 
@@ -22,13 +23,39 @@ bool test_gpu_available(std::string* why) {
   return available;
 }
 
-uint64_t base_seed() {
-  static const uint64_t seed = [] {
-    if (const char* env = std::getenv("FA_TEST_SEED")) return std::strtoull(env, nullptr, 10);
-    return static_cast<unsigned long long>(
+namespace {
+Settings g_settings;
+}  // namespace
+
+const Settings& settings() {
+  return g_settings;
+}
+
+bool read_settings(std::string* error) {
+  Settings s;
+  if (env_u64("FA_TEST_SEED", &s.base_seed, error) == EnvStatus::kInvalid) return false;
+  if (std::getenv("FA_TEST_SEED") == nullptr)
+    s.base_seed = static_cast<uint64_t>(
         std::chrono::system_clock::now().time_since_epoch().count() % 1000000007ULL);
-  }();
-  return seed;
+  long long n = kDefaultRandomProblems;
+  if (env_int("FA_RANDOM_PROBLEMS", 1, 10000000, &n, error) == EnvStatus::kInvalid) return false;
+  s.random_problems = static_cast<int>(n);
+  const EnvStatus seed = env_u64("FA_RANDOM_SEED", &s.random_seed, error);
+  if (seed == EnvStatus::kInvalid) return false;
+  s.random_seed_set = seed == EnvStatus::kOk;
+  n = 4224;  // 4096 + 128
+  if (env_int("FA_RANDOM_MAX_SEQLEN", 1, 1 << 20, &n, error) == EnvStatus::kInvalid) return false;
+  s.random_max_seqlen = static_cast<int>(n);
+  if (env_double("FA_RANDOM_SECONDS", 0, 1e7, &s.random_seconds, error) == EnvStatus::kInvalid)
+    return false;
+  long long smem = 0;
+  if (env_smem_limit(&smem, error) == EnvStatus::kInvalid) return false;
+  g_settings = s;
+  return true;
+}
+
+uint64_t base_seed() {
+  return g_settings.base_seed;
 }
 
 uint64_t test_seed(const std::string& name) {
@@ -42,6 +69,10 @@ uint64_t test_seed(const std::string& name) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   std::string why;
+  if (!fa::read_settings(&why)) {
+    std::fprintf(stderr, "fa_gpu_tests: %s\n", why.c_str());
+    return 1;
+  }
   if (fa::test_gpu_available(&why))
     std::printf("GPU: %s; base seed %llu (FA_TEST_SEED=%llu reproduces this run)\n",
                 fa::current_gpu().name.c_str(), static_cast<unsigned long long>(fa::base_seed()),

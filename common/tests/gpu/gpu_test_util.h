@@ -26,6 +26,30 @@ uint64_t base_seed();
 /// different inputs and a failure reproduces with FA_TEST_SEED=<base seed>.
 uint64_t test_seed(const std::string& name);
 
+/// Random problems per (step, direction) when FA_RANDOM_PROBLEMS is not set: enough for every
+/// coverage class of test_random.cpp and as many again drawn freely, so that a full GPU run
+/// stays well under a minute; FA_RANDOM_PROBLEMS=2000 makes a soak run.
+constexpr int kDefaultRandomProblems = 24;
+
+/// The suite's settings from the environment, read strictly once at start-up
+/// (read_settings()): a variable that is set but not valid stops the run with a message.
+struct Settings {
+  uint64_t base_seed = 0;                        ///< FA_TEST_SEED, else from the clock
+  int random_problems = kDefaultRandomProblems;  ///< FA_RANDOM_PROBLEMS (1 .. 10^7)
+  bool random_seed_set = false;  ///< FA_RANDOM_SEED was given: run exactly those seeds
+  uint64_t random_seed = 0;      ///< FA_RANDOM_SEED
+  int random_max_seqlen = 4224;  ///< FA_RANDOM_MAX_SEQLEN (1 .. 2^20)
+  double random_seconds = 0;     ///< FA_RANDOM_SECONDS (> 0), else 0: no time limit
+};
+
+/// Reads every FA_* variable the suite uses (FA_TEST_SEED, FA_RANDOM_PROBLEMS, FA_RANDOM_SEED,
+/// FA_RANDOM_MAX_SEQLEN, FA_RANDOM_SECONDS, and FA_SMEM_LIMIT, which libfa reads); false with
+/// a one-line `error` on the first invalid one.
+bool read_settings(std::string* error);
+
+/// The settings read_settings() found (defaults before it runs).
+const Settings& settings();
+
 }  // namespace fa
 
 /// Skips the current test, with the message ctest looks for, when there is no usable GPU.

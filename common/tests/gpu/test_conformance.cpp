@@ -216,6 +216,47 @@ TEST(HarnessSelfTest, UnwrittenOrPerturbedOutputFailsTheCheck) {
   for (float x : lse) ASSERT_TRUE(std::isnan(x));
 }
 
+// The GPU-made inputs (DeviceProblem(shape, spec, ...), used by the runners, the bench and the
+// large tests) are make_problem()'s, bit for bit, in every layout and dtype; and download_group()
+// hands the oracle exactly those values.
+TEST(HarnessSelfTest, InputsMadeOnTheGpuAreTheHostsBitForBit) {
+  FA_REQUIRE_GPU();
+  for (fa_dtype dtype : {FA_FP16, FA_BF16})
+    for (Layout layout : {Layout::kContiguous, Layout::kPadded, Layout::kHeadMajor})
+      for (float magnitude : {1.f, 50.f}) {
+        const ProblemShape s = make_shape(3, 6, 2, 37, 70, 64, true, dtype);
+        InputSpec spec;
+        spec.seed = 12345;
+        spec.magnitude = magnitude;
+        const HostProblem host = make_problem(s, spec);
+        DeviceProblem dp(s, spec, layout, true);
+        const int group = s.heads / s.heads_kv;
+        size_t differ = 0, compared = 0;
+        for (int b = 0; b < s.batch; ++b)
+          for (int kv = 0; kv < s.heads_kv; ++kv) {
+            const HostProblem g = dp.download_group(b, kv);
+            for (int h = 0; h < group; ++h)
+              for (int i = 0; i < s.seqlen_q; ++i)
+                for (int c = 0; c < s.head_dim; ++c) {
+                  const size_t at = host.q_index(b, i, kv * group + h, c),
+                               in = g.q_index(0, i, h, c);
+                  differ += host.q[at] != g.q[in];
+                  differ += host.d_o[at] != g.d_o[in];
+                  compared += 2;
+                }
+            for (int j = 0; j < s.seqlen_k; ++j)
+              for (int c = 0; c < s.head_dim; ++c) {
+                differ += host.k[host.kv_index(b, j, kv, c)] != g.k[g.kv_index(0, j, 0, c)];
+                differ += host.v[host.kv_index(b, j, kv, c)] != g.v[g.kv_index(0, j, 0, c)];
+                compared += 2;
+              }
+          }
+        EXPECT_EQ(compared, 2 * host.q.size() + 2 * host.k.size());
+        EXPECT_EQ(differ, 0u) << dtype_name(dtype) << " layout " << static_cast<int>(layout)
+                              << " magnitude " << magnitude;
+      }
+}
+
 TEST(HarnessSelfTest, RejectedProblemIsReportedNotRun) {
   FA_REQUIRE_GPU();
   const ProblemShape s = make_shape(1, 2, 2, 16, 16, 64);

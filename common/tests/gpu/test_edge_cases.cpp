@@ -233,6 +233,27 @@ TEST_P(SafetyEdgeCases, DeterministicBackwardIsBitwiseRepeatable) {
   }
 }
 
+// The path of the runners, the bench and the large tests: inputs made on the GPU, the oracle on
+// the first and the last key/value head group only (read back from the device), here on a
+// problem small enough to be quick, in the head-major layout.
+TEST_P(SafetyEdgeCases, SampledCheckOfInputsMadeOnTheGpu) {
+  FA_REQUIRE_GPU();
+  for (bool causal : {false, true}) {
+    const ProblemShape s = make_shape(3, 6, 2, 130, 257, 128, causal, FA_BF16);
+    InputSpec spec;
+    spec.seed = seed();
+    DeviceProblem dp(s, spec, Layout::kHeadMajor, has_backward());
+    const CheckResult f = check_forward_sampled(step(), dp, 24, spec.seed);
+    EXPECT_TRUE(f.ok) << s.describe() << " seed " << spec.seed << ": " << f.summary();
+    if (!has_backward()) continue;
+    for (bool det : {false, true}) {
+      const CheckResult b = check_backward_sampled(step(), dp, 24, spec.seed, det);
+      EXPECT_TRUE(b.ok) << "backward " << s.describe() << " seed " << spec.seed << ": "
+                        << b.summary();
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Steps, SafetyEdgeCases, testing::ValuesIn(registered_steps()),
                          [](const testing::TestParamInfo<std::string>& i) { return i.param; });
 

@@ -18,14 +18,20 @@
 /// rows for the backward) on large ones.
 ///
 /// Environment:
-/// - `FA_RANDOM_PROBLEMS=n`  problems per (step, direction), default 200.
-/// - `FA_RANDOM_SEED=s`      seed of the first problem; problem i uses seed s + i. Without it
-///                           the seeds derive from the run's base seed (FA_TEST_SEED, printed
-///                           at start-up) and the test's name.
+/// - `FA_RANDOM_PROBLEMS=n`  problems per (step, direction), default 24 (kDefaultRandomProblems);
+///                           at least the number of coverage classes (9 forward, 10 backward).
+/// - `FA_RANDOM_SEED=s`      a reproduction: problem i uses seed s + i, no coverage promised.
+///                           Without it the first seed derives from the run's base seed
+///                           (FA_TEST_SEED, printed at start-up) and the test's name, and the
+///                           next ones are chosen to cover every class (plan_seeds()).
 /// - `FA_RANDOM_MAX_SEQLEN=n` cap on seqlen_q and seqlen_k (default 4224); the sanitizer
 ///                           script lowers it.
 /// - `FA_RANDOM_SECONDS=t`   each test starts no new problem after t seconds (a wall-clock
-///                           cap for a long run; the summary line says how many ran).
+///                           cap for a long run; the summary line says how many ran), but
+///                           never before the problems that cover the classes.
+/// All are read strictly at start-up (gpu_main.cpp): a value that is set but not valid stops
+/// the run. A test fails unless the requested number of problems ran and, outside a
+/// reproduction, every coverage class (coverage_classes()) was among them.
 ///
 /// A failure prints the problem's full description, its seed, the first quantity out of
 /// bounds with where its largest error is, and the command that reruns exactly that problem:
@@ -51,34 +57,9 @@
 namespace fa {
 namespace {
 
-/// Problems per (step, direction): FA_RANDOM_PROBLEMS, default 200.
-int problem_count() {
-  if (const char* env = std::getenv("FA_RANDOM_PROBLEMS")) {
-    const int n = std::atoi(env);
-    if (n >= 0) return n;
-  }
-  return 200;
-}
-
 /// Largest seqlen_q / seqlen_k drawn: FA_RANDOM_MAX_SEQLEN, default 4224 (4096 + 128).
 int max_seqlen() {
-  if (const char* env = std::getenv("FA_RANDOM_MAX_SEQLEN")) {
-    const int n = std::atoi(env);
-    if (n >= 1) return n;
-  }
-  return 4224;
-}
-
-/// FA_RANDOM_SECONDS: a test starts no new problem after this many seconds (0: no limit).
-double time_budget_seconds() {
-  if (const char* env = std::getenv("FA_RANDOM_SECONDS")) return std::atof(env);
-  return 0;
-}
-
-/// Seed of problem 0 of a test: FA_RANDOM_SEED if set, else derived from the base seed.
-uint64_t first_seed(const std::string& test_name) {
-  if (const char* env = std::getenv("FA_RANDOM_SEED")) return std::strtoull(env, nullptr, 10);
-  return test_seed("random/" + test_name);
+  return settings().random_max_seqlen;
 }
 
 /// splitmix64: consecutive seeds give unrelated problems.
@@ -230,22 +211,115 @@ RandomProblem draw_problem(uint64_t seed, const std::string& step, bool backward
 }
 
 /// Backward rows of a large problem: kSampledRows query rows and key rows of one key/value
-/// head group of one batch (chosen by `seed`). The oracle computes L and D on every query row
-/// of each head a requested row touches, so one group keeps its cost to one group's.
-void sample_group_rows(const ProblemShape& s, uint64_t seed, std::vector<RowId>* q_rows,
-                       std::vector<RowId>* kv_rows) {
+/// head group of one batch (chosen by `seed`), and the keys those query rows attend to most.
+void sample_backward_rows(const HostProblem& p, uint64_t seed, std::vector<RowId>* q_rows,
+                          std::vector<RowId>* kv_rows) {
   Rng rng{seed ^ 0x6a09e667f3bcc909ull};
-  const int group = s.heads / s.heads_kv;
-  const int b0 = rng.below(s.batch);
-  const int kv0 = rng.below(s.heads_kv);
-  ProblemShape one = s;  // that group alone
-  one.batch = 1;
-  one.heads = group;
-  one.heads_kv = 1;
-  *q_rows = sample_q_rows(one, kSampledRows, seed);
-  *kv_rows = sample_kv_rows(one, kSampledRows, seed);
-  for (RowId& r : *q_rows) r = {b0, kv0 * group + r.h, r.s};
-  for (RowId& r : *kv_rows) r = {b0, kv0, r.s};
+  const int b0 = rng.below(p.shape.batch);
+  const int kv0 = rng.below(p.shape.heads_kv);
+  sample_group_rows(p.shape, b0, kv0, kSampledRows, seed, q_rows, kv_rows);
+  add_attended_keys(p, *q_rows, kSampledRows, kv_rows);
+}
+
+/// A kind of problem every run must contain at least once (per step and direction).
+struct CoverageClass {
+  const char* name;
+  bool backward_only;
+  bool (*holds)(const RandomProblem& p);
+};
+
+/// The promised coverage: every run of RandomConformance contains each class at least once.
+const std::vector<CoverageClass>& coverage_classes() {
+  static const std::vector<CoverageClass> classes = {
+      {"causal", false, [](const RandomProblem& p) { return p.shape.causal; }},
+      {"rows without keys", false,
+       [](const RandomProblem& p) {
+         return p.shape.causal && p.shape.seqlen_q > p.shape.seqlen_k;
+       }},
+      {"GQA", false,
+       [](const RandomProblem& p) {
+         return p.shape.heads_kv > 1 && p.shape.heads > p.shape.heads_kv;
+       }},
+      {"MQA", false,
+       [](const RandomProblem& p) { return p.shape.heads_kv == 1 && p.shape.heads > 1; }},
+      {"bf16", false, [](const RandomProblem& p) { return p.shape.dtype == FA_BF16; }},
+      {"padded", false, [](const RandomProblem& p) { return p.layout == Layout::kPadded; }},
+      {"head-major", false, [](const RandomProblem& p) { return p.layout == Layout::kHeadMajor; }},
+      {"magnitude 50", false, [](const RandomProblem& p) { return p.spec.magnitude > 1.f; }},
+      {"custom scale", false, [](const RandomProblem& p) { return p.shape.scale != 0.f; }},
+      {"deterministic", true, [](const RandomProblem& p) { return p.deterministic; }},
+  };
+  return classes;
+}
+
+/// How many coverage classes a test of this direction promises.
+int class_count(bool backward) {
+  int n = 0;
+  for (const CoverageClass& c : coverage_classes()) n += backward || !c.backward_only;
+  return n;
+}
+
+/// Candidate seeds searched for a coverage class before giving up.
+constexpr uint64_t kCoverageSearch = 100000;
+
+/// The seeds a run checks, and whether the coverage could be guaranteed.
+struct SeedPlan {
+  std::vector<uint64_t> seeds;
+  int covering = 0;     ///< the first `covering` seeds were chosen for the coverage classes
+  std::string problem;  ///< why the coverage cannot be guaranteed ("" if it is)
+};
+
+/// With FA_RANDOM_SEED (a reproduction): exactly seed0, seed0 + 1, ... Otherwise seed0 first,
+/// then, in order, the first later seed that draws each class not yet covered, then the
+/// consecutive seeds after seed0 not yet used. Every problem is still a function of its seed
+/// alone, so a failure reproduces with FA_RANDOM_SEED=<its seed> FA_RANDOM_PROBLEMS=1.
+SeedPlan plan_seeds(uint64_t seed0, int count, const std::string& step, bool backward,
+                    bool reproduce) {
+  SeedPlan plan;
+  if (reproduce) {
+    for (int i = 0; i < count; ++i) plan.seeds.push_back(seed0 + i);
+    return plan;
+  }
+  const int needed = class_count(backward);
+  if (count < needed) {
+    plan.problem = "FA_RANDOM_PROBLEMS=" + std::to_string(count) + " is fewer than the " +
+                   std::to_string(needed) +
+                   " coverage classes a run promises; ask for at least that many (or set "
+                   "FA_RANDOM_SEED to run given seeds only)";
+    return plan;
+  }
+  std::vector<char> covered(coverage_classes().size(), 0);
+  auto mark = [&](const RandomProblem& p) {
+    bool added = false;
+    for (size_t c = 0; c < covered.size(); ++c) {
+      const CoverageClass& k = coverage_classes()[c];
+      if ((backward || !k.backward_only) && !covered[c] && k.holds(p)) covered[c] = added = true;
+    }
+    return added;
+  };
+  std::set<uint64_t> used = {seed0};
+  plan.seeds.push_back(seed0);
+  mark(draw_problem(seed0, step, backward));
+  for (uint64_t seed = seed0 + 1; seed <= seed0 + kCoverageSearch; ++seed) {
+    if (std::count(covered.begin(), covered.end(), 1) == needed) break;
+    if (mark(draw_problem(seed, step, backward))) {
+      plan.seeds.push_back(seed);
+      used.insert(seed);
+    }
+  }
+  plan.covering = static_cast<int>(plan.seeds.size());
+  for (size_t c = 0; c < covered.size(); ++c) {
+    const CoverageClass& k = coverage_classes()[c];
+    if ((backward || !k.backward_only) && !covered[c]) {
+      plan.problem = std::string("no seed of ") + std::to_string(seed0) + " .. " +
+                     std::to_string(seed0 + kCoverageSearch) + " draws a problem with " + k.name +
+                     " (FA_RANDOM_MAX_SEQLEN=" + std::to_string(max_seqlen()) + ")";
+      return plan;
+    }
+  }
+  for (uint64_t seed = seed0 + 1; static_cast<int>(plan.seeds.size()) < count; ++seed)
+    if (!used.count(seed)) plan.seeds.push_back(seed);
+  return plan;
 }
 
 /// What the summary line says about the problems that ran.
@@ -255,10 +329,12 @@ struct Coverage {
   int min_q = 1 << 30, max_q = 0, min_k = 1 << 30, max_k = 0;
   std::set<int> dims;
   std::string first_failure;
+  std::vector<int> per_class = std::vector<int>(coverage_classes().size(), 0);
 
   void add(const RandomProblem& p, bool backward) {
     const ProblemShape& s = p.shape;
     ++ran;
+    for (size_t c = 0; c < per_class.size(); ++c) per_class[c] += coverage_classes()[c].holds(p);
     causal += s.causal;
     bf16 += s.dtype == FA_BF16;
     mqa += s.heads_kv == 1 && s.heads > 1;
@@ -327,19 +403,23 @@ TEST_P(RandomConformance, Problems) {
   const RandomCase& c = GetParam();
   const std::string name = random_case_name(testing::TestParamInfo<RandomCase>(c, 0));
   const std::string full_name = std::string("Random/RandomConformance.Problems/") + name;
-  const int count = problem_count();
-  const uint64_t seed0 = first_seed(name);
+  const int count = settings().random_problems;
+  const bool reproduce = settings().random_seed_set;
+  const uint64_t seed0 = reproduce ? settings().random_seed : test_seed("random/" + name);
+  const SeedPlan plan = plan_seeds(seed0, count, c.step, c.backward, reproduce);
+  ASSERT_EQ(plan.problem, "") << c.step << (c.backward ? " backward" : " forward");
   Coverage cov;
-  const double budget = time_budget_seconds();
+  const double budget = settings().random_seconds;
   const auto start = std::chrono::steady_clock::now();
   bool out_of_time = false;
   for (int i = 0; i < count; ++i) {
-    if (budget > 0 &&
+    // FA_RANDOM_SECONDS may cut a run short, but not before the coverage problems ran.
+    if (budget > 0 && i >= plan.covering &&
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > budget) {
       out_of_time = true;  // not a failure: the summary says how many ran
       break;
     }
-    const RandomProblem rp = draw_problem(seed0 + i, c.step, c.backward);
+    const RandomProblem rp = draw_problem(plan.seeds[i], c.step, c.backward);
     cov.add(rp, c.backward);
     CheckResult r;
     std::string thrown;
@@ -352,7 +432,7 @@ TEST_P(RandomConformance, Problems) {
           q_rows = all_q_rows(rp.shape);
           kv_rows = all_kv_rows(rp.shape);
         } else {
-          sample_group_rows(rp.shape, rp.seed, &q_rows, &kv_rows);
+          sample_backward_rows(p, rp.seed, &q_rows, &kv_rows);
         }
         r = check_backward(c.step, dp, p, q_rows, kv_rows, rp.deterministic);
       } else {
@@ -390,12 +470,24 @@ TEST_P(RandomConformance, Problems) {
   RecordProperty("failed", cov.failed);
   RecordProperty("first_seed", std::to_string(seed0));
   if (!cov.first_failure.empty()) RecordProperty("first_failure", cov.first_failure);
-  std::printf("[ random   ] %s %s: %s; seeds %llu..%llu%s\n", c.step.c_str(),
+  std::printf("[ random   ] %s %s: %s; seeds %llu%s%s\n", c.step.c_str(),
               c.backward ? "bwd" : "fwd", cov.describe(c.backward).c_str(),
               static_cast<unsigned long long>(seed0),
-              static_cast<unsigned long long>(seed0 + (cov.ran > 0 ? cov.ran - 1 : 0)),
+              reproduce ? " and on" : " and the next ones, the first that cover each class",
               out_of_time ? "; stopped by FA_RANDOM_SECONDS before the rest" : "");
   std::fflush(stdout);
+
+  // A run that checked less than it promises fails: every problem asked for ran (unless
+  // FA_RANDOM_SECONDS stopped it), and, unless FA_RANDOM_SEED names the seeds, every coverage
+  // class is among them.
+  if (!out_of_time)
+    EXPECT_EQ(cov.ran, count) << "FA_RANDOM_PROBLEMS asked for " << count << " problems";
+  EXPECT_GE(cov.ran, 1) << "no random problem ran";
+  if (!reproduce)
+    for (size_t k = 0; k < coverage_classes().size(); ++k)
+      if (c.backward || !coverage_classes()[k].backward_only)
+        EXPECT_GE(cov.per_class[k], 1) << "no problem of class '" << coverage_classes()[k].name
+                                       << "' ran (seeds from " << seed0 << ")";
 }
 
 INSTANTIATE_TEST_SUITE_P(Random, RandomConformance, testing::ValuesIn(make_random_cases()),
@@ -433,6 +525,60 @@ TEST(RandomGenerator, SameSeedSameProblemAndCapsHold) {
   EXPECT_GT(causal, 1000);
   EXPECT_GT(mqa, 200);
   EXPECT_GT(large, 200);
+}
+
+// Every run covers every class it promises, through seeds that draw them on their own.
+TEST(RandomGenerator, EveryRunCoversEveryClass) {
+  for (const std::string& step : registered_steps())
+    for (bool backward : {false, true}) {
+      if (backward && fa_step_has_backward(step.c_str()) != 1) continue;
+      const int needed = class_count(backward);
+      for (uint64_t seed0 : {1ull, 258115526ull, 999999999ull}) {
+        const SeedPlan plan = plan_seeds(seed0, needed, step, backward, false);
+        ASSERT_EQ(plan.problem, "") << step;
+        ASSERT_EQ(static_cast<int>(plan.seeds.size()), needed);
+        EXPECT_EQ(plan.seeds.front(), seed0) << "the first seed is always the run's own";
+        EXPECT_EQ(std::set<uint64_t>(plan.seeds.begin(), plan.seeds.end()).size(),
+                  plan.seeds.size());
+        for (const CoverageClass& k : coverage_classes()) {
+          if (k.backward_only && !backward) continue;
+          bool found = false;
+          for (uint64_t seed : plan.seeds)
+            found = found || k.holds(draw_problem(seed, step, backward));
+          EXPECT_TRUE(found) << step << ": class '" << k.name << "' not covered from " << seed0;
+        }
+        // More problems than classes: the rest follow seed0 in order.
+        const SeedPlan more = plan_seeds(seed0, needed + 30, step, backward, false);
+        EXPECT_EQ(static_cast<int>(more.seeds.size()), needed + 30);
+        EXPECT_TRUE(
+            std::equal(plan.seeds.begin(), plan.seeds.begin() + plan.covering, more.seeds.begin()));
+      }
+    }
+}
+
+TEST(RandomGenerator, TooFewProblemsCannotPromiseCoverage) {
+  const std::string step = registered_steps().front();
+  const SeedPlan plan = plan_seeds(5, 3, step, false, false);
+  EXPECT_NE(plan.problem.find("FA_RANDOM_PROBLEMS=3 is fewer than the"), std::string::npos)
+      << plan.problem;
+}
+
+// FA_RANDOM_SEED reproduces: exactly the seeds asked for, so the command a failure prints
+// (FA_RANDOM_SEED=<seed> FA_RANDOM_PROBLEMS=1) draws that same problem.
+TEST(RandomGenerator, ReproductionRunsTheGivenSeeds) {
+  const std::string step = registered_steps().front();
+  const SeedPlan plan = plan_seeds(258115526, 3, step, true, true);
+  EXPECT_EQ(plan.problem, "");
+  EXPECT_EQ(plan.seeds, (std::vector<uint64_t>{258115526, 258115527, 258115528}));
+}
+
+// The problem of issue 17 is still what its seed draws (its numbers are reproduced on the host
+// in common/tests/host/test_tolerance.cpp).
+TEST(RandomGenerator, IssueSeedStillDrawsTheIssueProblem) {
+  if (fa_step_supports_head_dim("01_naive", 64) != 1) GTEST_SKIP() << "01_naive not built";
+  EXPECT_EQ(draw_problem(258115526, "01_naive", true).describe(),
+            "B=3 H=2/2 Nq=61 Nk=1031 d=128 fp16 causal scale=0.0883883 magnitude=50 "
+            "layout=head-major rows=sampled");
 }
 
 }  // namespace

@@ -68,12 +68,12 @@ TEST(Within, BoundsScaleWithReferenceMaximum) {
   const Tolerance t{0.01, 1.0};
   ErrorStats e;
   e.ref_max = 0.5;  // below 1: the bound is 0.01 absolute
-  e.max_abs = 0.01;
+  e.max_excess = 0.01;
   EXPECT_TRUE(within(e, t));
-  e.max_abs = 0.0101;
+  e.max_excess = 0.0101;
   EXPECT_FALSE(within(e, t));
   e.ref_max = e.abs_scale = 10;  // the bound is 0.1 (compare() sets abs_scale)
-  e.max_abs = 0.09;
+  e.max_excess = 0.09;
   EXPECT_TRUE(within(e, t));
   e.rel_l2 = 1.5;
   EXPECT_FALSE(within(e, t));
@@ -153,6 +153,44 @@ TEST(CancellationFloor, NoEffectWithoutCancellation) {
   const std::vector<float> out = {1.01f, -2.0f, 3.0f};
   EXPECT_DOUBLE_EQ(compare(out.data(), ref.data(), 3, mag.data()).rel_l2,
                    compare(out.data(), ref.data(), 3).rel_l2);
+}
+
+}  // namespace
+}  // namespace fa
+
+namespace fa {
+namespace {
+
+TEST(UnderflowFloorCompare, OnlyTheErrorBeyondTheFloorCounts) {
+  const std::vector<double> ref = {1e-10, 2e-10, 1.0}, floor = {2e-6, 2e-6, 0.0};
+  const std::vector<float> zero_out = {0.f, 0.f, 1.f};  // the tiny ones rounded to 0
+  const ErrorStats without = compare(zero_out.data(), ref.data(), 3);
+  EXPECT_GT(without.rel_l2, 0.0);
+  const ErrorStats e = compare(zero_out.data(), ref.data(), 3, nullptr, floor.data());
+  EXPECT_EQ(e.max_excess, 0.0);
+  EXPECT_EQ(e.rel_l2, 0.0);
+  EXPECT_DOUBLE_EQ(e.max_abs, 2e-10);  // the raw error is still reported
+  EXPECT_DOUBLE_EQ(e.floor_max, 2e-6);
+  EXPECT_EQ(e.worst, 1u);
+  // An error beyond the floor counts by what exceeds it.
+  const std::vector<float> off = {5e-6f, 0.f, 1.f};
+  const ErrorStats f = compare(off.data(), ref.data(), 3, nullptr, floor.data());
+  EXPECT_NEAR(f.max_excess, 5e-6 - 1e-10 - 2e-6, 1e-12);
+  EXPECT_EQ(f.worst, 0u);
+  // No floor on an element: its whole error counts, however small the others' are.
+  const std::vector<float> wrong = {0.f, 0.f, 1.5f};
+  EXPECT_FALSE(within(compare(wrong.data(), ref.data(), 3, nullptr, floor.data()),
+                      tolerance(FA_BF16, Quantity::kGradient)));
+}
+
+TEST(UnderflowFloorCompare, DescribeNamesTheFloor) {
+  const std::vector<double> ref = {1e-10}, floor = {1.5e-6};
+  const std::vector<float> out = {0.f};
+  const std::string text =
+      describe(compare(out.data(), ref.data(), 1, nullptr, floor.data()), Tolerance{0.01, 0.1});
+  EXPECT_NE(text.find("+ underflow floor <= 1.5e-06"), std::string::npos) << text;
+  EXPECT_EQ(describe(compare(out.data(), ref.data(), 1), Tolerance{0.01, 0.1}).find("floor"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -643,19 +643,13 @@ constexpr double kLog2e = 1.4426950408889634;
 #endif
 constexpr int kAbtUnroll = FA_BWD_ABT_UNROLL;
 
-// Variant switches, measured against each other in NOTES.md (change 5); the defaults are the
-// measured winners. FA_BWD_LONGEST_FIRST: under causal masking the thread blocks that meet
-// the most q_blocks start first (as step 06 orders its forward). FA_BWD_EXP_IN_DP (large
-// shapes): P stays in fp32 registers and its exponentials are spread over the k loop of
-// dP^T, so that the ex2 unit and the tensor cores work at the same time.
+// Variant switch, measured in NOTES.md (change 5): under causal masking the thread blocks
+// that meet the most q_blocks start first, as step 06 orders its forward (1), or the
+// kv_blocks of a head simply run in order (0).
 #ifndef FA_BWD_LONGEST_FIRST
 #define FA_BWD_LONGEST_FIRST 1
 #endif
-#ifndef FA_BWD_EXP_IN_DP
-#define FA_BWD_EXP_IN_DP 0
-#endif
 constexpr bool kLongestFirst = FA_BWD_LONGEST_FIRST != 0;
-constexpr bool kExpInDp = FA_BWD_EXP_IN_DP != 0;
 
 /// Rows of the padded per-row scratch (lse in base 2, D): seqlen_q rounded up to a multiple of
 /// every backward q_block, so that a q_block's rows of it load without bounds checks.
@@ -894,20 +888,13 @@ struct SmemB {
   }
 };
 
-/// No work between the k steps of warp_gemm.
-struct NoInterleave {
-  __device__ __forceinline__ void operator()(int) const {}
-};
-
 /// \f$C \mathrel{+}= A B\f$ for one warp: `acc[mt][nt]` is the m16n8 tile (mt, nt), A and B
 /// are operand sources (above), k runs over kKSteps k16 steps, unrolled kUnroll at a time.
-/// Per k step every A fragment feeds kNTiles mmas and every B fragment kMTiles. `between`
-/// is called after each k step with its index: work that does not depend on this product
-/// (exponentials, say) placed there issues while the tensor cores run.
+/// Per k step every A fragment feeds kNTiles mmas and every B fragment kMTiles.
 template <typename T, int kKSteps, int kUnroll = kKSteps, int kMTiles, int kNTiles, class A,
-          class B, class Between = NoInterleave>
-__device__ __forceinline__ void warp_gemm(float (&acc)[kMTiles][kNTiles][4], const A& a, const B& b,
-                                          Between between = {}) {
+          class B>
+__device__ __forceinline__ void warp_gemm(float (&acc)[kMTiles][kNTiles][4], const A& a,
+                                          const B& b) {
 #pragma unroll(kUnroll)
   for (int k = 0; k < kKSteps; ++k) {
     uint32_t a_frag[kMTiles][4];
@@ -922,7 +909,6 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kMTiles][kNTiles][4], con
 #pragma unroll
         for (int j = 0; j < 2; ++j) fa::mma_m16n8k16<T>(acc[mt][nt + j], a_frag[mt], b_frag[j]);
     }
-    between(k);
   }
 }
 
@@ -1241,32 +1227,28 @@ __device__ __forceinline__ void load_q_block(const fa_bwd_args& args, const BwdB
 }
 
 /// Algorithm 2, line 11, transposed: \f$S^T = K_j Q_i^T\f$ for this warp's keys (A rows
-/// key0...) and the queries col0 + [0, 8 kNTiles) of the q_block, unscaled. `between` runs
-/// between the k steps (see warp_gemm).
-template <class Tr, typename T, int kMTiles, int kNTiles, class Between = NoInterleave>
+/// key0...) and the queries col0 + [0, 8 kNTiles) of the q_block, unscaled.
+template <class Tr, typename T, int kMTiles, int kNTiles>
 __device__ __forceinline__ void compute_s_t(float (&s)[kMTiles][kNTiles][4], const BwdBlock<Tr>& b,
-                                            int col0, Between between = {}) {
+                                            int col0) {
   zero(s);
   warp_gemm<T, Tr::kHeadDim / 16, kAbtUnroll>(s, SmemA<Tr>(b.k_tile, b.key0, b.lane),
-                                              SmemBt<Tr>(b.q_tile, col0, b.lane), between);
+                                              SmemBt<Tr>(b.q_tile, col0, b.lane));
 }
 
 /// Algorithm 2, line 12: \f$P^T = 2^{S^T c \log_2 e - L \log_2 e}\f$ (c the softmax scale,
-/// the lse of the column's query), in place, for the m16n8 tiles t = nt + kNTiles mt in
-/// [t_begin, t_end) (all of them by default). With kMask, \f$P = 0\f$ where the key does not
+/// the lse of the column's query), in place. With kMask, \f$P = 0\f$ where the key does not
 /// exist or, under causal masking, lies past the query's diagonal; only the q_blocks that
 /// cross the diagonal or the end of the keys take that copy (3-4 integer instructions per
 /// element saved on all the others).
 template <bool kMask, class Tr, int kMTiles, int kNTiles>
 __device__ __forceinline__ void compute_p_t(float (&s)[kMTiles][kNTiles][4], const BwdBlock<Tr>& b,
-                                            int col0, int t_begin = 0,
-                                            int t_end = kMTiles * kNTiles) {
+                                            int col0) {
   const int group = b.lane / 4, quad = b.lane % 4;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
-      if (nt + kNTiles * mt < t_begin || nt + kNTiles * mt >= t_end) continue;
       const int col = col0 + 8 * nt + 2 * quad;  // S^T columns are queries
       const float2 lse = *reinterpret_cast<const float2*>(b.lse_tile + col);
 #pragma unroll
@@ -1292,13 +1274,12 @@ __device__ __forceinline__ void accumulate_dv(float (&dv_acc)[kMTiles][kNTiles][
 }
 
 /// Algorithm 2, line 14, transposed: \f$dP^T = V_j dO_i^T\f$ (as compute_s_t, with V and dO).
-template <class Tr, typename T, int kUnroll, int kMTiles, int kNTiles, class Between = NoInterleave>
+template <class Tr, typename T, int kMTiles, int kNTiles>
 __device__ __forceinline__ void compute_dp_t(float (&dp)[kMTiles][kNTiles][4],
-                                             const BwdBlock<Tr>& b, int col0,
-                                             Between between = {}) {
+                                             const BwdBlock<Tr>& b, int col0) {
   zero(dp);
-  warp_gemm<T, Tr::kHeadDim / 16, kUnroll>(dp, SmemA<Tr>(b.v_tile, b.key0, b.lane),
-                                           SmemBt<Tr>(b.do_tile, col0, b.lane), between);
+  warp_gemm<T, Tr::kHeadDim / 16, kAbtUnroll>(dp, SmemA<Tr>(b.v_tile, b.key0, b.lane),
+                                              SmemBt<Tr>(b.do_tile, col0, b.lane));
 }
 
 /// Algorithm 2, line 15: \f$dS^T = P^T \circ (dP^T - D)\f$ in place of dP^T, with the fp32
@@ -1410,20 +1391,6 @@ __device__ __forceinline__ void accumulate_dk(float (&dk_acc)[kMTiles][kNTiles][
   warp_gemm<T, kKSteps>(dk_acc, ds_t, SmemB<Tr>(b.q_tile, q0, b.kv_col0, b.lane));
 }
 
-/// Lines 11-12 with the exponentials spread over line 14's k loop (FA_BWD_EXP_IN_DP): after
-/// \f$S^T\f$, each k step of \f$dP^T\f$ also computes the exponentials of a few of its m16n8
-/// tiles, so the ex2 unit works while the tensor cores do; P stays in fp32 registers.
-template <bool kMask, class Tr, typename T, int kMTiles, int kNTiles>
-__device__ __forceinline__ void compute_p_t_during_dp_t(float (&s)[kMTiles][kNTiles][4],
-                                                        float (&dp)[kMTiles][kNTiles][4],
-                                                        const BwdBlock<Tr>& b, int col0) {
-  constexpr int kSteps = Tr::kHeadDim / 16;
-  constexpr int kPerStep = (kMTiles * kNTiles + kSteps - 1) / kSteps;
-  compute_dp_t<Tr, T, kSteps>(dp, b, col0, [&](int k) {
-    compute_p_t<kMask>(s, b, col0, k * kPerStep, (k + 1) * kPerStep);
-  });
-}
-
 /// One q_block with P through shared memory (large shapes, FlashAttention-2's layout). Warp
 /// (n, m) computes \f$S^T\f$ and \f$dP^T\f$ for its 32 keys and kWarpCols queries and stores
 /// \f$P^T\f$ and \f$dS^T\f$ (0 where masked; a warp tile that sees none of its keys, causal
@@ -1447,24 +1414,14 @@ __device__ __forceinline__ void q_block_p_in_smem(
     float s[2][Tr::kNTilesS][4], dp[2][Tr::kNTilesS][4];
     uint32_t frag[2][Tr::kNTilesS][2];
     compute_s_t<Tr, T>(s, b, b.query0);  // line 11
-    if constexpr (kExpInDp) {
-      if (needs_mask)  // lines 12 and 14
-        compute_p_t_during_dp_t<true, Tr, T>(s, dp, b, b.query0);
-      else
-        compute_p_t_during_dp_t<false, Tr, T>(s, dp, b, b.query0);
-      pack_fragments<T>(frag, s);
-      store_tile_fragments<Ds>(b.pt_tile, frag, b.key0, b.query0, b.lane);
-      compute_ds_t(dp, s, b, b.query0);  // line 15
-    } else {
-      if (needs_mask)  // line 12
-        compute_p_t<true>(s, b, b.query0);
-      else
-        compute_p_t<false>(s, b, b.query0);
-      pack_fragments<T>(frag, s);
-      store_tile_fragments<Ds>(b.pt_tile, frag, b.key0, b.query0, b.lane);
-      compute_dp_t<Tr, T, kAbtUnroll>(dp, b, b.query0);  // line 14
-      compute_ds_t_from_smem<Tr, T>(dp, b, b.query0);    // line 15
-    }
+    if (needs_mask)                      // line 12
+      compute_p_t<true>(s, b, b.query0);
+    else
+      compute_p_t<false>(s, b, b.query0);
+    pack_fragments<T>(frag, s);
+    store_tile_fragments<Ds>(b.pt_tile, frag, b.key0, b.query0, b.lane);
+    compute_dp_t<Tr, T>(dp, b, b.query0);            // line 14
+    compute_ds_t_from_smem<Tr, T>(dp, b, b.query0);  // line 15
     pack_fragments<T>(frag, dp);
     store_tile_fragments<Ds>(b.ds_tile, frag, b.key0, b.query0, b.lane);
   } else {

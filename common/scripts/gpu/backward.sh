@@ -46,7 +46,7 @@ p3=$!
   FA_SANITIZE_BUDGET=${FA_SANITIZE_BUDGET:-120} FA_SANITIZE_JOBS=4 \
   bash common/scripts/sanitize.sh "$out/san_99k" > "$out/san_99k.txt" 2>&1) &
 p5=$!
-variant=$root/build-bwd-v0
+variant=${TMPDIR:-/tmp}/fa-build-bwd-v0  # outside the tree: compare.py must not find it by default
 (cmake -S . -B "$variant" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DFA_ONLY_STEPS=$step -DFA_BUILD_TESTS=OFF -DFA_BUILD_DOCS=OFF \
   -DCMAKE_CUDA_FLAGS="-DFA_BWD_LONGEST_FIRST=0" > "$out/variant_build.log" 2>&1 &&

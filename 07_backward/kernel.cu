@@ -618,19 +618,38 @@ bool supports_head_dim(int d) {
 // ==========================================================================================
 // The backward pass (this step): FlashAttention-2, Algorithm 2
 // ==========================================================================================
+//
+// Per kv_block j (one thread block), for every q_block i that sees one of its keys:
+//   line 11  S    = Q_i K_j^T                       (recomputed, transposed: S^T = K_j Q_i^T)
+//   line 12  P    = exp(S - L_i)                    (from the forward's logsumexp)
+//   line 13  dV_j += P^T dO_i
+//   line 14  dP   = dO_i V_j^T                      (transposed: dP^T = V_j dO_i^T)
+//   line 15  dS   = P o (dP - D_i)
+//   line 16  dQ_i += dS K_j                         (shared by every kv_block: fp32 adds)
+//   line 17  dK_j += dS^T Q_i
+// Each product is one call of warp_gemm (below); each line one function of "Kernel 2".
 
 // ------------------------------------------------------------------------------------------
 // Backward tile configuration
 // ------------------------------------------------------------------------------------------
 
-/// \f$\log_2 e\f$: \f$e^x = 2^{x \log_2 e}\f$, so every exponential is one FFMA and one ex2.
-constexpr float kLog2e = 1.4426950408889634f;
+/// \f$\log_2 e\f$ for the backward: \f$e^x = 2^{x \log_2 e}\f$, so every exponential is one FFMA
+/// and one ex2 (the forward above keeps its own copy, as step 06 wrote it).
+constexpr double kLog2e = 1.4426950408889634;
 
-// Tuning knob: unroll of the k loop of the fused S^T / dP^T product (NOTES.md: registers).
+// Tuning knob: unroll of the k loop of S^T and dP^T (NOTES.md: registers).
 #ifndef FA_BWD_ABT_UNROLL
 #define FA_BWD_ABT_UNROLL 4
 #endif
 constexpr int kAbtUnroll = FA_BWD_ABT_UNROLL;
+
+// Variant switch, measured in NOTES.md (change 5): under causal masking the thread blocks
+// that meet the most q_blocks start first, as step 06 orders its forward (1), or the
+// kv_blocks of a head simply run in order (0).
+#ifndef FA_BWD_LONGEST_FIRST
+#define FA_BWD_LONGEST_FIRST 1
+#endif
+constexpr bool kLongestFirst = FA_BWD_LONGEST_FIRST != 0;
 
 /// Rows of the padded per-row scratch (lse in base 2, D): seqlen_q rounded up to a multiple of
 /// every backward q_block, so that a q_block's rows of it load without bounds checks.
@@ -642,8 +661,8 @@ constexpr int kRowPad = 128;
 /// (H100, H200: 193 KiB at d = 128, 194 KiB at d = 64, each with its 32 KiB dQ stage; an A100
 /// has 163 KiB); the other fits the 99 KB of every sm_80+ GPU and is picked at run time where
 /// the large one does not fit. Two ways to reach \f$P^T dO\f$ and \f$dS^T Q\f$ (kPtInSmem,
-/// see the kernel; measured in NOTES.md: at the large tiles P through shared memory wins at
-/// both head dims, changes 2 and 4):
+/// README "Variants"; measured in NOTES.md: at the large tiles P through shared memory wins
+/// at both head dims, changes 2 and 4):
 /// - P in registers (small shapes): warps kWarpsN (keys, 16 each) x kWarpsM (queries); a warp
 ///   walks its queries in slices of kSliceCols, and its packed \f$S^T\f$/\f$dP^T\f$ fragments
 ///   are the A operands of \f$dV\f$, \f$dK\f$ for its 16 keys over all of d.
@@ -733,6 +752,7 @@ struct BwdTraits {
   static constexpr int kDqWarpFloats = kBlockM * kHeadDim / kNumWarps;  ///< one warp's dQ
 
   static_assert(kSMTiles == (kPtInSmem ? 2 : 1), "16 keys per warp, or 32 with P in smem");
+  static_assert(kDqWarpFloats == 2 * kDqNTiles * 32 * 4, "a warp's dQ tile is its stretch");
   static_assert(!kPtInSmem || kStagesDo == 2, "dO_i is read until the end of the q_block");
   static_assert(!kPtInSmem || kSlices == 1,
                 "with P in shared memory a warp's queries are one tile");
@@ -754,8 +774,8 @@ constexpr bool kHasLargeBwdShape =
     BwdTraits<kHeadDim, true>::kSliceCols != BwdTraits<kHeadDim, false>::kSliceCols ||
     BwdTraits<kHeadDim, true>::kPtInSmem != BwdTraits<kHeadDim, false>::kPtInSmem;
 
-/// Row layout of the \f$dS^T\f$ tile ([kBlockN keys][kBlockM queries], 2-byte elements) for
-/// the swizzle and fragment helpers above.
+/// Row layout of the \f$P^T\f$ and \f$dS^T\f$ tiles ([kBlockN keys][kBlockM queries], 2-byte
+/// elements) for the swizzle and fragment helpers above.
 template <int kBlockM>
 struct DsLayout {
   static constexpr int kRowBytes = kBlockM * 2;
@@ -785,7 +805,153 @@ struct DqTraits {
 };
 
 // ------------------------------------------------------------------------------------------
-// Backward building blocks (per warp, on tensor cores)
+// The warp-level GEMM: every product of Algorithm 2 is one call
+// ------------------------------------------------------------------------------------------
+
+// A warp tile \f$C \mathrel{+}= A B\f$ of kMTiles x kNTiles m16n8 tiles and kKSteps k16 steps
+// needs, per k step, one A fragment per m16 tile and one B fragment per n8 tile. Where they
+// come from is the only thing that differs between the products, so each source is a small
+// struct with one `load` (fragment layouts in fa/mma.cuh):
+//   SmemA  A row-major in shared memory (rows m, columns k): K, V in S^T, dP^T; P^T, dS^T
+//   SmemAt A stored transposed (rows k, columns m): dS read from the dS^T tile
+//   RegA   A in registers, packed by pack_fragments from an earlier product (P^T, dS^T, dS)
+//   SmemBt B stored transposed (rows n, columns k): Q, dO in S^T, dP^T; K, V in S, dP
+//   SmemB  B row-major (rows k, columns n): dO, Q in dV, dK; K in dQ (as V in the forward)
+
+/// A operand from a swizzled row-major tile whose rows are the m index: rows
+/// row0 + 16 mt + [0, 16), columns 16 k + [0, 16), one ldmatrix.x4.
+template <class Layout>
+struct SmemA {
+  const char* tile;
+  uint32_t lane_offset;
+  int row0;
+  __device__ __forceinline__ SmemA(const char* t, int r0, int lane)
+      : tile(t), lane_offset(a_lane_offset<Layout>(lane)), row0(r0) {}
+  __device__ __forceinline__ void load(uint32_t (&a)[4], int mt, int k) const {
+    load_a_fragment<Layout>(a, tile, lane_offset, row0 + 16 * mt, k);
+  }
+};
+
+/// A operand whose tile holds \f$A^T\f$ (rows k, columns m): rows 16 k + [0, 16), columns
+/// row0 + 16 mt + [0, 16), one ldmatrix.x4.trans (each 8x8 matrix transposed on the way).
+template <class Layout>
+struct SmemAt {
+  const char* tile;
+  uint32_t lane_offset;
+  int row0;
+  __device__ __forceinline__ SmemAt(const char* t, int r0, int lane)
+      : tile(t), lane_offset(b_lane_offset<Layout>(lane)), row0(r0) {}
+  __device__ __forceinline__ void load(uint32_t (&a)[4], int mt, int k) const {
+    fa::ldmatrix_x4_trans(
+        a, tile + fragment_offset<Layout>(lane_offset, 16 * k, (row0 + 16 * mt) / 8));
+  }
+};
+
+/// A operand in registers: `frag[mt][2k]` and `frag[mt][2k + 1]` (pack_fragments of an
+/// accumulator) are the A fragment of k step k; nothing is loaded.
+template <int kMTiles, int kTiles>
+struct RegA {
+  const uint32_t (&frag)[kMTiles][kTiles][2];
+  __device__ __forceinline__ void load(uint32_t (&a)[4], int mt, int k) const {
+    a[0] = frag[mt][2 * k][0];
+    a[1] = frag[mt][2 * k][1];
+    a[2] = frag[mt][2 * k + 1][0];
+    a[3] = frag[mt][2 * k + 1][1];
+  }
+};
+
+/// B operand whose tile holds \f$B^T\f$ (rows n, columns k, as K in \f$Q K^T\f$): n8 tiles nt
+/// and nt + 1 = rows row0 + 8 nt + [0, 16), columns 16 k + [0, 16), one ldmatrix.x4.
+template <class Layout>
+struct SmemBt {
+  const char* tile;
+  uint32_t lane_offset;
+  int row0;
+  __device__ __forceinline__ SmemBt(const char* t, int r0, int lane)
+      : tile(t), lane_offset(b_lane_offset<Layout>(lane)), row0(r0) {}
+  __device__ __forceinline__ void load(uint32_t (&b)[2][2], int nt, int k) const {
+    load_b_fragments<Layout>(b, tile, lane_offset, row0 + 8 * nt, k);
+  }
+};
+
+/// B operand from a row-major tile (rows k, columns n, as V in \f$P V\f$): rows
+/// k_row0 + 16 k + [0, 16), columns col0 + 8 nt + [0, 16), one ldmatrix.x4.trans.
+template <class Layout>
+struct SmemB {
+  const char* tile;
+  uint32_t lane_offset;
+  int k_row0, col0;
+  __device__ __forceinline__ SmemB(const char* t, int kr0, int c0, int lane)
+      : tile(t), lane_offset(a_lane_offset<Layout>(lane)), k_row0(kr0), col0(c0) {}
+  __device__ __forceinline__ void load(uint32_t (&b)[2][2], int nt, int k) const {
+    load_b_fragments_trans<Layout>(b, tile, lane_offset, k_row0 / 16 + k, col0 + 8 * nt);
+  }
+};
+
+/// \f$C \mathrel{+}= A B\f$ for one warp: `acc[mt][nt]` is the m16n8 tile (mt, nt), A and B
+/// are operand sources (above), k runs over kKSteps k16 steps, unrolled kUnroll at a time.
+/// Per k step every A fragment feeds kNTiles mmas and every B fragment kMTiles.
+template <typename T, int kKSteps, int kUnroll = kKSteps, int kMTiles, int kNTiles, class A,
+          class B>
+__device__ __forceinline__ void warp_gemm(float (&acc)[kMTiles][kNTiles][4], const A& a,
+                                          const B& b) {
+#pragma unroll(kUnroll)
+  for (int k = 0; k < kKSteps; ++k) {
+    uint32_t a_frag[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) a.load(a_frag[mt], mt, k);
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; nt += 2) {
+      uint32_t b_frag[2][2];
+      b.load(b_frag, nt, k);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) fa::mma_m16n8k16<T>(acc[mt][nt + j], a_frag[mt], b_frag[j]);
+    }
+  }
+}
+
+/// Two products of warp_gemm's form in one k loop, \f$C_0 \mathrel{+}= A_0 B_0\f$ and
+/// \f$C_1 \mathrel{+}= A_1 B_1\f$ (one m16 tile each): each k step issues 2 kNTiles independent
+/// mmas, so that the two chains hide each other's latency (the 99 KB shapes' \f$S^T\f$ and
+/// \f$dP^T\f$).
+template <typename T, int kKSteps, int kUnroll, int kNTiles, class A, class B>
+__device__ __forceinline__ void warp_gemm_pair(float (&acc0)[1][kNTiles][4], const A& a0,
+                                               const B& b0, float (&acc1)[1][kNTiles][4],
+                                               const A& a1, const B& b1) {
+#pragma unroll(kUnroll)
+  for (int k = 0; k < kKSteps; ++k) {
+    uint32_t a_frag[2][4];
+    a0.load(a_frag[0], 0, k);
+    a1.load(a_frag[1], 0, k);
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; nt += 2) {
+      uint32_t b_frag[2][2][2];
+      b0.load(b_frag[0], nt, k);
+      b1.load(b_frag[1], nt, k);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int p = 0; p < 2; ++p)
+          fa::mma_m16n8k16<T>(p == 0 ? acc0[0][nt + j] : acc1[0][nt + j], a_frag[p], b_frag[p][j]);
+    }
+  }
+}
+
+/// Sets every element of an accumulator (any shape of floats) to zero.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void zero(float (&acc)[kMTiles][kNTiles][4]) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+}
+
+// ------------------------------------------------------------------------------------------
+// Fragments: fp32 accumulators to 16-bit operands and to shared memory
 // ------------------------------------------------------------------------------------------
 
 /// Element of T widened to fp32.
@@ -806,202 +972,24 @@ __device__ __forceinline__ float unpack_half<__nv_bfloat16>(uint32_t pair, int h
   return __uint_as_float(hi ? pair & 0xffff0000u : pair << 16);
 }
 
-/// Packs an fp32 accumulator (m16n8 C layout, `acc[n8 tile][4]`) into 16-bit pairs:
-/// `out[tile][0]` holds row lane/4, `out[tile][1]` row lane/4 + 8, columns 2 (lane % 4) + {0, 1}.
-/// Tiles 2t and 2t + 1 of the result are the A fragment of k16 step t of a following mma.
-template <typename T, int kTiles>
-__device__ __forceinline__ void pack_fragments(uint32_t (&out)[kTiles][2],
-                                               const float (&acc)[kTiles][4]) {
-#pragma unroll
-  for (int nt = 0; nt < kTiles; ++nt) {
-    out[nt][0] = fa::pack2<T>(acc[nt][0], acc[nt][1]);
-    out[nt][1] = fa::pack2<T>(acc[nt][2], acc[nt][3]);
-  }
-}
-
-/// \f$C = A B^T\f$ for one warp: \f$A\f$ is rows [a_row0, a_row0 + 16) and \f$B\f$ rows
-/// [b_row0, b_row0 + 8 kNTiles) of two swizzled row-major tiles whose rows are head-dim
-/// vectors (Q, K, V, dO), so both operands load with the non-transposing ldmatrix, as
-/// \f$Q K^T\f$ does in the forward. Gives \f$S^T = K Q^T\f$, \f$dP^T = V dO^T\f$ (main kernel)
-/// and \f$S = Q K^T\f$, \f$dP = dO V^T\f$ (dQ kernel); `acc` starts at zero.
-template <class Tr, int kNTiles, typename T>
-__device__ __forceinline__ void mma_abt(float (&acc)[kNTiles][4], const char* a_tile, int a_row0,
-                                        const char* b_tile, int b_row0, int lane) {
-  const uint32_t a_offset = a_lane_offset<Tr>(lane);
-  const uint32_t b_offset = b_lane_offset<Tr>(lane);
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
-#pragma unroll 4  // d = 128: two rounds of 4 k16 steps (a full unroll spills)
-  for (int k_step = 0; k_step < Tr::kHeadDim / 16; ++k_step) {
-    uint32_t a_frag[4];
-    load_a_fragment<Tr>(a_frag, a_tile, a_offset, a_row0, k_step);
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; nt += 2) {
-      uint32_t b_frag[2][2];
-      load_b_fragments<Tr>(b_frag, b_tile, b_offset, b_row0 + 8 * nt, k_step);
-      fa::mma_m16n8k16<T>(acc[nt], a_frag, b_frag[0]);
-      fa::mma_m16n8k16<T>(acc[nt + 1], a_frag, b_frag[1]);
-    }
-  }
-}
-
-/// Two products of mma_abt's form over the same rows in one k loop: \f$S^T = K Q^T\f$ and
-/// \f$dP^T = V dO^T\f$ for the same keys (A rows a_row0..) and queries (B rows b_row0..). Each
-/// k step then issues 2 kNTiles independent mmas (the two chains hide each other's latency)
-/// and the four ldmatrix of a k step are in flight together. Both accumulators start at zero.
-template <class Tr, int kNTiles, typename T>
-__device__ __forceinline__ void mma_abt_pair(float (&acc0)[kNTiles][4], float (&acc1)[kNTiles][4],
-                                             const char* a0_tile, const char* a1_tile, int a_row0,
-                                             const char* b0_tile, const char* b1_tile, int b_row0,
-                                             int lane) {
-  const uint32_t a_offset = a_lane_offset<Tr>(lane);
-  const uint32_t b_offset = b_lane_offset<Tr>(lane);
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc0[nt][e] = acc1[nt][e] = 0.f;
-#pragma unroll(kAbtUnroll)
-  for (int k_step = 0; k_step < Tr::kHeadDim / 16; ++k_step) {
-    uint32_t a0_frag[4], a1_frag[4];
-    load_a_fragment<Tr>(a0_frag, a0_tile, a_offset, a_row0, k_step);
-    load_a_fragment<Tr>(a1_frag, a1_tile, a_offset, a_row0, k_step);
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; nt += 2) {
-      uint32_t b0_frag[2][2], b1_frag[2][2];
-      load_b_fragments<Tr>(b0_frag, b0_tile, b_offset, b_row0 + 8 * nt, k_step);
-      load_b_fragments<Tr>(b1_frag, b1_tile, b_offset, b_row0 + 8 * nt, k_step);
-      fa::mma_m16n8k16<T>(acc0[nt], a0_frag, b0_frag[0]);
-      fa::mma_m16n8k16<T>(acc1[nt], a1_frag, b1_frag[0]);
-      fa::mma_m16n8k16<T>(acc0[nt + 1], a0_frag, b0_frag[1]);
-      fa::mma_m16n8k16<T>(acc1[nt + 1], a1_frag, b1_frag[1]);
-    }
-  }
-}
-
-/// \f$C = A B^T\f$ as mma_abt, for a warp tile of kMTiles m16 tiles (A rows a_row0 + 16 mt)
-/// by kNTiles n8 tiles (B rows b_row0 + 8 nt): every B fragment feeds kMTiles mmas and every
-/// A fragment kNTiles. `acc` starts at zero.
-template <class Tr, int kMTiles, int kNTiles, typename T>
-__device__ __forceinline__ void mma_abt_tile(float (&acc)[kMTiles][kNTiles][4], const char* a_tile,
-                                             int a_row0, const char* b_tile, int b_row0, int lane) {
-  const uint32_t a_offset = a_lane_offset<Tr>(lane);
-  const uint32_t b_offset = b_lane_offset<Tr>(lane);
+/// Packs an fp32 accumulator (m16n8 C layout, `acc[mt][n8 tile][4]`) into 16-bit pairs:
+/// `out[mt][tile][0]` holds row lane/4, `out[mt][tile][1]` row lane/4 + 8, columns
+/// 2 (lane % 4) + {0, 1}. Tiles 2t and 2t + 1 of the result are the A fragment of k16 step t
+/// of a following mma (RegA).
+template <typename T, int kMTiles, int kTiles>
+__device__ __forceinline__ void pack_fragments(uint32_t (&out)[kMTiles][kTiles][2],
+                                               const float (&acc)[kMTiles][kTiles][4]) {
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
-#pragma unroll(kAbtUnroll)
-  for (int k_step = 0; k_step < Tr::kHeadDim / 16; ++k_step) {
-    uint32_t a_frag[kMTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-      load_a_fragment<Tr>(a_frag[mt], a_tile, a_offset, a_row0 + 16 * mt, k_step);
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; nt += 2) {
-      uint32_t b_frag[2][2];
-      load_b_fragments<Tr>(b_frag, b_tile, b_offset, b_row0 + 8 * nt, k_step);
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        fa::mma_m16n8k16<T>(acc[mt][nt], a_frag[mt], b_frag[0]);
-        fa::mma_m16n8k16<T>(acc[mt][nt + 1], a_frag[mt], b_frag[1]);
-      }
+    for (int nt = 0; nt < kTiles; ++nt) {
+      out[mt][nt][0] = fa::pack2<T>(acc[mt][nt][0], acc[mt][nt][1]);
+      out[mt][nt][1] = fa::pack2<T>(acc[mt][nt][2], acc[mt][nt][3]);
     }
-  }
-}
-
-/// \f$C \mathrel{+}= A B\f$ for a warp tile of two m16 tiles, both operands from shared memory:
-/// A = rows [a_row0, a_row0 + 32) of a [key][query] tile (\f$P^T\f$ or \f$dS^T\f$, layout Ds),
-/// k running along its kBlockM queries (ldmatrix); B = the q_block's dO or Q tile, head-dim
-/// columns [col0, col0 + 8 kNTiles), k down its rows (ldmatrix.trans, as V in the forward).
-template <class Tr, class Ds, int kNTiles, typename T>
-__device__ __forceinline__ void mma_smem_ab(float (&acc)[2][kNTiles][4], const char* a_tile,
-                                            int a_row0, const char* b_tile, int col0, int lane) {
-  const uint32_t a_offset = a_lane_offset<Ds>(lane);
-  const uint32_t b_offset = a_lane_offset<Tr>(lane);  // the .trans B pattern is A's
-#pragma unroll
-  for (int kt = 0; kt < Tr::kBlockM / 16; ++kt) {
-    uint32_t a_frag[2][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-      load_a_fragment<Ds>(a_frag[mt], a_tile, a_offset, a_row0 + 16 * mt, kt);
-#pragma unroll
-    for (int nd = 0; nd < kNTiles; nd += 2) {
-      uint32_t b_frag[2][2];
-      load_b_fragments_trans<Tr>(b_frag, b_tile, b_offset, kt, col0 + 8 * nd);
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        fa::mma_m16n8k16<T>(acc[mt][nd], a_frag[mt], b_frag[0]);
-        fa::mma_m16n8k16<T>(acc[mt][nd + 1], a_frag[mt], b_frag[1]);
-      }
-    }
-  }
-}
-
-/// \f$dQ_w = dS_w K_j\f$ for one warp: query rows [row0, row0 + 32) (two m16 tiles) and
-/// head-dim columns [col0, col0 + 8 kNTiles), summed over the kBlockN keys of the kv_block.
-/// A = dS, read from the \f$dS^T\f$ tile ([key][query]) with ldmatrix.trans; B = K_j, k down
-/// its rows, with ldmatrix.trans as V in the forward. Each K fragment feeds both m16 tiles.
-template <class Tr, class Ds, int kNTiles, typename T>
-__device__ __forceinline__ void mma_ds_k(float (&acc)[2][kNTiles][4], const char* ds_tile, int row0,
-                                         const char* k_tile, int col0, int lane) {
-  const uint32_t ds_offset = b_lane_offset<Ds>(lane);  // 8x8 blocks (keys, queries), transposed
-  const uint32_t k_offset = a_lane_offset<Tr>(lane);   // the .trans B pattern is A's
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nd = 0; nd < kNTiles; ++nd)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][nd][e] = 0.f;
-#pragma unroll
-  for (int kt = 0; kt < Tr::kBlockN / 16; ++kt) {
-    uint32_t a_frag[2][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-      fa::ldmatrix_x4_trans(
-          a_frag[mt], ds_tile + fragment_offset<Ds>(ds_offset, 16 * kt, (row0 + 16 * mt) / 8));
-#pragma unroll
-    for (int nd = 0; nd < kNTiles; nd += 2) {
-      uint32_t b_frag[2][2];
-      load_b_fragments_trans<Tr>(b_frag, k_tile, k_offset, kt, col0 + 8 * nd);
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        fa::mma_m16n8k16<T>(acc[mt][nd], a_frag[mt], b_frag[0]);
-        fa::mma_m16n8k16<T>(acc[mt][nd + 1], a_frag[mt], b_frag[1]);
-      }
-    }
-  }
-}
-
-/// \f$C \mathrel{+}= A B\f$ for one warp with \f$A\f$ (16 x 16 kKSteps) in registers, packed by
-/// pack_fragments from an earlier product (\f$P^T\f$, \f$dS^T\f$, or \f$dS\f$): the
-/// accumulator never goes through shared memory, as P in the forward's \f$P V\f$. \f$B\f$ is
-/// rows [b_row0, b_row0 + 16 kKSteps) and head-dim columns [col0, col0 + 8 kNTiles) of a
-/// swizzled row-major tile (dO, Q or K); k runs down its rows, so it loads with
-/// ldmatrix.trans, as V does in the forward.
-template <class Tr, int kNTiles, int kKSteps, typename T>
-__device__ __forceinline__ void mma_reg_ab(float (&acc)[kNTiles][4],
-                                           const uint32_t (&a)[2 * kKSteps][2], const char* b_tile,
-                                           int b_row0, int col0, int lane) {
-  const uint32_t a_offset = a_lane_offset<Tr>(lane);  // the .trans B pattern is A's
-#pragma unroll
-  for (int t = 0; t < kKSteps; ++t) {
-    const uint32_t a_frag[4] = {a[2 * t][0], a[2 * t][1], a[2 * t + 1][0], a[2 * t + 1][1]};
-#pragma unroll
-    for (int nd = 0; nd < kNTiles; nd += 2) {
-      uint32_t b_frag[2][2];
-      load_b_fragments_trans<Tr>(b_frag, b_tile, a_offset, b_row0 / 16 + t, col0 + 8 * nd);
-      fa::mma_m16n8k16<T>(acc[nd], a_frag, b_frag[0]);
-      fa::mma_m16n8k16<T>(acc[nd + 1], a_frag, b_frag[1]);
-    }
-  }
 }
 
 /// Byte offset, in a swizzled row-major tile of 2-byte elements, of the packed pair that
-/// pack_fragments puts in `out[.][h]` for the m16n8 tile at (row0, col0): row
+/// pack_fragments puts in `out[.][.][h]` for the m16n8 tile at (row0, col0): row
 /// row0 + 8 h + lane / 4, columns col0 + 2 (lane % 4) + {0, 1}.
 template <class Layout>
 __device__ __forceinline__ uint32_t tile_fragment_offset(int row0, int col0, int h, int lane) {
@@ -1024,6 +1012,10 @@ __device__ __forceinline__ void store_tile_fragments(char* tile,
             tile + tile_fragment_offset<Layout>(row0 + 16 * mt, col0 + 8 * nt, h, lane)) =
             frag[mt][nt][h];
 }
+
+// ------------------------------------------------------------------------------------------
+// dQ accumulation: fp32 adds in device memory
+// ------------------------------------------------------------------------------------------
 
 /// Adds four floats to fp32 device memory (`dst` 16-byte aligned): one vector
 /// `red.global.add.v4.f32` on sm_90, four scalar atomics before.
@@ -1085,18 +1077,39 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 /// of 8 rows of the row-major tile, and on sm_90 the warp's whole stretch goes as one bulk
 /// reduction (FlashAttention-2 stores dQaccum in its threads' order too). The convert kernel
 /// reads it back with the same mapping. Warp w computes query rows dq_warp_row0(w) + [0, 32) and
-/// head-dim columns dq_warp_col0(w) + [0, kDqCols) of the q_block (see mma_ds_k).
+/// head-dim columns dq_warp_col0(w) + [0, kDqCols) of the q_block (see accumulate_dq).
 template <class Tr>
 __device__ __forceinline__ int dq_fragment_index(int mt, int nd, int tid) {
   return ((tid / 32) * 2 * Tr::kDqNTiles + mt * Tr::kDqNTiles + nd) * 32 + tid % 32;
 }
+/// First query row (in the q_block) of warp `warp`'s dQ tile.
 template <class Tr>
 __device__ __forceinline__ int dq_warp_row0(int warp) {
   return 32 * (warp % Tr::kDqWarpsM);
 }
+/// First head-dim column of warp `warp`'s dQ tile.
 template <class Tr>
 __device__ __forceinline__ int dq_warp_col0(int warp) {
   return Tr::kDqCols * (warp / Tr::kDqWarpsM);
+}
+
+// ------------------------------------------------------------------------------------------
+// The order of the thread blocks
+// ------------------------------------------------------------------------------------------
+
+/// Decodes a one-dimensional grid of `num_blocks` thread blocks per (batch, head) pair into
+/// (`block`, `pair`), in the order of step 06's forward: the pairs are taken in groups of
+/// `group_pairs`; inside a group every pair's block 0 comes first, then every pair's block 1,
+/// and so on. The launcher numbers the blocks so that block 0 has the most work (the longest
+/// thread blocks start first and the short ones fill the tail of the grid); with
+/// `group_pairs` = 1 a pair's blocks simply run in order.
+__device__ __forceinline__ void decode_block_order(int num_blocks, int num_pairs, int group_pairs,
+                                                   int& block, int& pair) {
+  const int group = blockIdx.x / (group_pairs * num_blocks);
+  const int in_group = blockIdx.x - group * group_pairs * num_blocks;
+  const int pairs_in_group = min(group_pairs, num_pairs - group * group_pairs);
+  block = in_group / pairs_in_group;
+  pair = group * group_pairs + in_group % pairs_in_group;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1142,13 +1155,339 @@ __global__ void __launch_bounds__(256)
   if (sub == 0) {
     const int64_t idx = bh * seqlen_q_pad + row;
     d_row[idx] = dot;
-    lse_log2[idx] = row < f.seqlen_q ? f.lse[bh * f.seqlen_q + row] * kLog2e : INFINITY;
+    lse_log2[idx] =
+        row < f.seqlen_q ? f.lse[bh * f.seqlen_q + row] * static_cast<float>(kLog2e) : INFINITY;
   }
 }
 
 // ------------------------------------------------------------------------------------------
 // Kernel 2: dK, dV (and dQ by atomics), K/V outer loop
 // ------------------------------------------------------------------------------------------
+
+/// What the phases of the main kernel read: the thread block's kv_block, its shared-memory
+/// tiles, this warp's place in them, and the q_block of the current iteration (the fields
+/// under "this q_block", set at the top of each iteration).
+template <class Tr>
+struct BwdBlock {
+  const fa_fwd_args& f;  ///< the problem (sizes, causal) as the kernel received it
+  char* smem;
+  int batch, head_kv, kv_start;  ///< this thread block's kv_block: keys kv_start...
+  int diag;                      ///< causal: row i sees key j iff j <= i + diag
+  float scale_log2;              ///< softmax scale times \f$\log_2 e\f$
+  int tid, warp, lane;
+  int key0;     ///< this warp's first key (S^T, dP^T, dK, dV) in the kv_block
+  int query0;   ///< its first query in the q_block (S^T, dP^T)
+  int kv_col0;  ///< its first head-dim column of dK, dV
+  const char* k_tile;
+  const char* v_tile;
+  char* pt_tile;    ///< \f$P^T\f$, [key][query] (P through shared memory only)
+  char* ds_tile;    ///< \f$dS^T\f$, [key][query]
+  float* dq_stage;  ///< sm_90 large shapes: the warps' dQ tiles, for the bulk reduction
+  float* dq_accum;  ///< atomic mode: the fp32 dQ accumulator ([batch][head][seqlen_q_pad][d])
+  int seqlen_q_pad;
+  // this q_block
+  int q_start;
+  const char* q_tile;
+  const char* do_tile;
+  const float* lse_tile;  ///< the q_block's lse in base 2
+  const float* d_tile;    ///< the q_block's \f$D_i\f$
+  int head;               ///< the query head of the q_block
+};
+
+/// Starts loading q_block `q_block` of query head `head` into buffer `buf`: Q with its lse and
+/// D (`with_q`), and/or dO (`with_do`). The caller commits the cp.async group.
+template <class Tr, typename T>
+__device__ __forceinline__ void load_q_block(const fa_bwd_args& args, const BwdBlock<Tr>& b,
+                                             const float* lse_log2, const float* d_row,
+                                             int seqlen_q_pad, int head, int q_block, int buf,
+                                             bool with_q, bool with_do) {
+  const fa_fwd_args& f = args.fwd;
+  const int q_start = q_block * Tr::kBlockM;
+  if (with_q) {
+    const T* q =
+        static_cast<const T*>(f.q.ptr) + b.batch * f.q.batch_stride + head * f.q.head_stride;
+    load_tile_async<Tr, Tr::kBlockM>(b.smem + Tr::kOffQ + buf * Tr::kQBytes, q, f.q.row_stride,
+                                     q_start, b.f.seqlen_q, b.tid);
+    const int64_t row0 = (static_cast<int64_t>(b.batch) * f.heads + head) * seqlen_q_pad + q_start;
+    constexpr int kChunks = Tr::kStatBytes / 16;
+    if (b.tid < kChunks)
+      fa::cp_async_16(b.smem + Tr::kOffLse + buf * Tr::kStatBytes + 16 * b.tid,
+                      lse_log2 + row0 + 4 * b.tid, true);
+    else if (b.tid < 2 * kChunks)
+      fa::cp_async_16(b.smem + Tr::kOffD + buf * Tr::kStatBytes + 16 * (b.tid - kChunks),
+                      d_row + row0 + 4 * (b.tid - kChunks), true);
+  }
+  if (with_do) {
+    const T* d_o = static_cast<const T*>(args.d_o.ptr) + b.batch * args.d_o.batch_stride +
+                   head * args.d_o.head_stride;
+    load_tile_async<Tr, Tr::kBlockM>(
+        b.smem + Tr::kOffDo + (Tr::kStagesDo == 2 ? buf : 0) * Tr::kQBytes, d_o,
+        args.d_o.row_stride, q_start, b.f.seqlen_q, b.tid);
+  }
+}
+
+/// Algorithm 2, line 11, transposed: \f$S^T = K_j Q_i^T\f$ for this warp's keys (A rows
+/// key0...) and the queries col0 + [0, 8 kNTiles) of the q_block, unscaled.
+template <class Tr, typename T, int kMTiles, int kNTiles>
+__device__ __forceinline__ void compute_s_t(float (&s)[kMTiles][kNTiles][4], const BwdBlock<Tr>& b,
+                                            int col0) {
+  zero(s);
+  warp_gemm<T, Tr::kHeadDim / 16, kAbtUnroll>(s, SmemA<Tr>(b.k_tile, b.key0, b.lane),
+                                              SmemBt<Tr>(b.q_tile, col0, b.lane));
+}
+
+/// Algorithm 2, line 12: \f$P^T = 2^{S^T c \log_2 e - L \log_2 e}\f$ (c the softmax scale,
+/// the lse of the column's query), in place. With kMask, \f$P = 0\f$ where the key does not
+/// exist or, under causal masking, lies past the query's diagonal; only the q_blocks that
+/// cross the diagonal or the end of the keys take that copy (3-4 integer instructions per
+/// element saved on all the others).
+template <bool kMask, class Tr, int kMTiles, int kNTiles>
+__device__ __forceinline__ void compute_p_t(float (&s)[kMTiles][kNTiles][4], const BwdBlock<Tr>& b,
+                                            int col0) {
+  const int group = b.lane / 4, quad = b.lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int col = col0 + 8 * nt + 2 * quad;  // S^T columns are queries
+      const float2 lse = *reinterpret_cast<const float2*>(b.lse_tile + col);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = fa::exp2_approx(fmaf(s[mt][nt][e], b.scale_log2, (e & 1) ? -lse.y : -lse.x));
+        if constexpr (kMask) {
+          const int key = b.kv_start + b.key0 + 16 * mt + group + 8 * (e >> 1);
+          const int row = b.q_start + col + (e & 1);
+          if (key >= b.f.seqlen_k || (b.f.causal && key > row + b.diag)) p = 0.f;
+        }
+        s[mt][nt][e] = p;
+      }
+    }
+}
+
+/// Algorithm 2, line 13: \f$dV_j \mathrel{+}= P^T dO_i\f$ for this warp's keys and head-dim
+/// columns kv_col0..., over the kKSteps x 16 queries from q0: \f$P^T\f$ from `pt` (the
+/// \f$P^T\f$ tile, or registers), dO by ldmatrix.trans.
+template <class Tr, typename T, int kKSteps, class PtSource, int kMTiles, int kNTiles>
+__device__ __forceinline__ void accumulate_dv(float (&dv_acc)[kMTiles][kNTiles][4],
+                                              const PtSource& pt, const BwdBlock<Tr>& b, int q0) {
+  warp_gemm<T, kKSteps>(dv_acc, pt, SmemB<Tr>(b.do_tile, q0, b.kv_col0, b.lane));
+}
+
+/// Algorithm 2, line 14, transposed: \f$dP^T = V_j dO_i^T\f$ (as compute_s_t, with V and dO).
+template <class Tr, typename T, int kMTiles, int kNTiles>
+__device__ __forceinline__ void compute_dp_t(float (&dp)[kMTiles][kNTiles][4],
+                                             const BwdBlock<Tr>& b, int col0) {
+  zero(dp);
+  warp_gemm<T, Tr::kHeadDim / 16, kAbtUnroll>(dp, SmemA<Tr>(b.v_tile, b.key0, b.lane),
+                                              SmemBt<Tr>(b.do_tile, col0, b.lane));
+}
+
+/// Algorithm 2, line 15: \f$dS^T = P^T \circ (dP^T - D)\f$ in place of dP^T, with the fp32
+/// \f$P^T\f$ in registers.
+template <class Tr, int kMTiles, int kNTiles>
+__device__ __forceinline__ void compute_ds_t(float (&dp)[kMTiles][kNTiles][4],
+                                             const float (&p)[kMTiles][kNTiles][4],
+                                             const BwdBlock<Tr>& b, int col0) {
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const float2 d =
+          *reinterpret_cast<const float2*>(b.d_tile + col0 + 8 * nt + 2 * (b.lane % 4));
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dp[mt][nt][e] = p[mt][nt][e] * (dp[mt][nt][e] - ((e & 1) ? d.y : d.x));
+    }
+}
+
+/// Algorithm 2, line 15, with \f$P^T\f$ read back from the \f$P^T\f$ tile (the elements this
+/// thread stored there): P then holds no registers during the \f$dP^T\f$ product.
+template <class Tr, typename T, int kMTiles, int kNTiles>
+__device__ __forceinline__ void compute_ds_t_from_smem(float (&dp)[kMTiles][kNTiles][4],
+                                                       const BwdBlock<Tr>& b, int col0) {
+  using Ds = DsLayout<Tr::kBlockM>;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const float2 d =
+          *reinterpret_cast<const float2*>(b.d_tile + col0 + 8 * nt + 2 * (b.lane % 4));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t p2 = *reinterpret_cast<const uint32_t*>(
+            b.pt_tile + tile_fragment_offset<Ds>(b.key0 + 16 * mt, col0 + 8 * nt, e >> 1, b.lane));
+        dp[mt][nt][e] = unpack_half<T>(p2, e & 1) * (dp[mt][nt][e] - ((e & 1) ? d.y : d.x));
+      }
+    }
+}
+
+/// Algorithm 2, line 16: \f$dQ_i \mathrel{+}= dS\,K_j\f$ (atomic mode only; a no-op otherwise).
+/// Warp w computes query rows dq_warp_row0(w) + [0, 32) and kDqCols head-dim columns, A =
+/// dS read from the \f$dS^T\f$ tile transposed, then adds each m16n8 fragment with one
+/// 16-byte atomic in the dq_accum layout (dq_fragment_index). Rows that see no key of this
+/// kv_block (causal, above the diagonal) or do not exist are skipped. With a dQ stage (sm_90,
+/// large shapes) the fragments are only staged in shared memory, in the dq_accum layout, and
+/// the result is where issue_dq must send them (else null): the registers are free as soon
+/// as the stores are issued, no red.global queue.
+template <class Tr, typename T, bool kAtomicDq>
+__device__ __forceinline__ float* accumulate_dq(const BwdBlock<Tr>& b) {
+  if constexpr (kAtomicDq) {
+    using Ds = DsLayout<Tr::kBlockM>;
+    float* const dst =  // the q_block's slice of dq_accum
+        b.dq_accum +
+        ((static_cast<int64_t>(b.batch) * b.f.heads + b.head) * b.seqlen_q_pad + b.q_start) *
+            Tr::kHeadDim;
+    const int dq_row0 = dq_warp_row0<Tr>(b.warp), dq_col0 = dq_warp_col0<Tr>(b.warp);
+    const bool rows_empty = b.q_start + dq_row0 >= b.f.seqlen_q ||
+                            (b.f.causal && b.q_start + dq_row0 + 31 + b.diag < b.kv_start);
+    if (!rows_empty) {
+      float dq[2][Tr::kDqNTiles][4];
+      zero(dq);
+      warp_gemm<T, Tr::kBlockN / 16>(dq, SmemAt<Ds>(b.ds_tile, dq_row0, b.lane),
+                                     SmemB<Tr>(b.k_tile, 0, dq_col0, b.lane));
+      if constexpr (Tr::kDqStage && kHasBulkReduce) {
+        if (b.lane == 0) bulk_wait<true>();  // the previous reduction has read the stage
+        __syncwarp();
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nd = 0; nd < Tr::kDqNTiles; ++nd)
+            *reinterpret_cast<float4*>(b.dq_stage + 4 * dq_fragment_index<Tr>(mt, nd, b.tid)) =
+                make_float4(dq[mt][nd][0], dq[mt][nd][1], dq[mt][nd][2], dq[mt][nd][3]);
+        return dst;
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nd = 0; nd < Tr::kDqNTiles; ++nd)
+            atomic_add4(dst + 4 * dq_fragment_index<Tr>(mt, nd, b.tid), dq[mt][nd]);
+      }
+    }
+  }
+  return nullptr;
+}
+
+/// Hands the warp's staged dQ (accumulate_dq's result) to the TMA: one lane issues a bulk
+/// reduction of the warp's stretch. The fence (MEMBAR + FENCE.VIEW.ASYNC in SASS) waits
+/// until this thread's stores to the stage have completed, so it goes one product after the
+/// stores, not right behind them (NOTES.md, change 4).
+template <class Tr, bool kAtomicDq>
+__device__ __forceinline__ void issue_dq(const BwdBlock<Tr>& b, float* dst) {
+  if constexpr (kAtomicDq && Tr::kDqStage && kHasBulkReduce) {
+    fence_proxy_async_shared();
+    __syncwarp();
+    const int part = b.warp * Tr::kDqWarpFloats;  // this warp's stretch of the dQ slice
+    if (dst != nullptr && b.lane == 0)
+      bulk_reduce_add(dst + part, b.dq_stage + part, Tr::kDqWarpFloats * 4);
+  }
+}
+
+/// Algorithm 2, line 17: \f$dK_j \mathrel{+}= dS^T Q_i\f$ (the softmax scale is applied once,
+/// in the epilogue), as accumulate_dv with \f$dS^T\f$ and Q.
+template <class Tr, typename T, int kKSteps, class DstSource, int kMTiles, int kNTiles>
+__device__ __forceinline__ void accumulate_dk(float (&dk_acc)[kMTiles][kNTiles][4],
+                                              const DstSource& ds_t, const BwdBlock<Tr>& b,
+                                              int q0) {
+  warp_gemm<T, kKSteps>(dk_acc, ds_t, SmemB<Tr>(b.q_tile, q0, b.kv_col0, b.lane));
+}
+
+/// One q_block with P through shared memory (large shapes, FlashAttention-2's layout). Warp
+/// (n, m) computes \f$S^T\f$ and \f$dP^T\f$ for its 32 keys and kWarpCols queries and stores
+/// \f$P^T\f$ and \f$dS^T\f$ (0 where masked; a warp tile that sees none of its keys, causal
+/// above the diagonal or keys past \f$N_k\f$, stores zeros). After one barrier, warp (n, c)
+/// computes dV and dK for its 32 keys and half of the head dimension over all queries, and
+/// dQ for its rows. Line 13 (dV) moves after line 15: it reads \f$P^T\f$ of every warp. dQ
+/// goes first and its bulk reduction (sm_90) after dV, so that the TMA adds during dK.
+template <class Tr, typename T, bool kAtomicDq>
+__device__ __forceinline__ void q_block_p_in_smem(
+    const BwdBlock<Tr>& b, float (&dv_acc)[Tr::kKvMTiles][Tr::kKvNTiles][4],
+    float (&dk_acc)[Tr::kKvMTiles][Tr::kKvNTiles][4]) {
+  using Ds = DsLayout<Tr::kBlockM>;
+  // Elements need the mask only where the key does not exist (ragged last kv_block) or,
+  // under causal masking, j > i + diag: only q_blocks that cross the diagonal test them.
+  const bool needs_mask = b.kv_start + Tr::kBlockN > b.f.seqlen_k ||
+                          (b.f.causal && b.kv_start + Tr::kBlockN - 1 > b.q_start + b.diag);
+  const bool tile_empty =
+      b.kv_start + b.key0 >= b.f.seqlen_k ||
+      (b.f.causal && b.kv_start + b.key0 > b.q_start + b.query0 + Tr::kWarpCols - 1 + b.diag);
+  if (!tile_empty) {
+    float s[2][Tr::kNTilesS][4], dp[2][Tr::kNTilesS][4];
+    uint32_t frag[2][Tr::kNTilesS][2];
+    compute_s_t<Tr, T>(s, b, b.query0);  // line 11
+    if (needs_mask)                      // line 12
+      compute_p_t<true>(s, b, b.query0);
+    else
+      compute_p_t<false>(s, b, b.query0);
+    pack_fragments<T>(frag, s);
+    store_tile_fragments<Ds>(b.pt_tile, frag, b.key0, b.query0, b.lane);
+    compute_dp_t<Tr, T>(dp, b, b.query0);            // line 14
+    compute_ds_t_from_smem<Tr, T>(dp, b, b.query0);  // line 15
+    pack_fragments<T>(frag, dp);
+    store_tile_fragments<Ds>(b.ds_tile, frag, b.key0, b.query0, b.lane);
+  } else {
+    uint32_t zero_frag[2][Tr::kNTilesS][2] = {};
+    store_tile_fragments<Ds>(b.pt_tile, zero_frag, b.key0, b.query0, b.lane);
+    store_tile_fragments<Ds>(b.ds_tile, zero_frag, b.key0, b.query0, b.lane);
+  }
+  __syncthreads();                                           // P^T, dS^T of the whole block are in
+  float* const dq_dst = accumulate_dq<Tr, T, kAtomicDq>(b);  // line 16 (staged on sm_90)
+  // Warp (n, c) owns keys key0 + [0, 32) and head-dim columns kv_col0 + [0, d / 2), all
+  // queries of the q_block. Keys that see no query are skipped.
+  const bool keys_empty =
+      b.kv_start + b.key0 >= b.f.seqlen_k ||
+      (b.f.causal && b.kv_start + b.key0 > b.q_start + Tr::kBlockM - 1 + b.diag);
+  if (!keys_empty)  // line 13
+    accumulate_dv<Tr, T, Tr::kBlockM / 16>(dv_acc, SmemA<Ds>(b.pt_tile, b.key0, b.lane), b, 0);
+  issue_dq<Tr, kAtomicDq>(b, dq_dst);
+  if (!keys_empty)  // line 17
+    accumulate_dk<Tr, T, Tr::kBlockM / 16>(dk_acc, SmemA<Ds>(b.ds_tile, b.key0, b.lane), b, 0);
+}
+
+/// One q_block with P in registers (99 KB shapes). Warp (n, m) owns 16 keys and walks its
+/// kWarpCols queries in slices of kSliceCols: \f$S^T\f$ and \f$dP^T\f$ in one k loop, then P
+/// and dS from the fp32 accumulators, whose packed fragments are directly the A operands of
+/// dV and dK (as P in the forward's \f$P V\f$). \f$dS^T\f$ goes through shared memory once,
+/// for dQ, which sums over all keys of the block. A slice whose queries see none of the
+/// warp's keys has P = 0 and dS = 0: only its zero dS^T is stored. With one dO buffer the
+/// next dO is loaded during dQ.
+template <class Tr, typename T, bool kAtomicDq>
+__device__ __forceinline__ void q_block_p_in_registers(
+    const BwdBlock<Tr>& b, float (&dv_acc)[Tr::kKvMTiles][Tr::kKvNTiles][4],
+    float (&dk_acc)[Tr::kKvMTiles][Tr::kKvNTiles][4]) {
+  using Ds = DsLayout<Tr::kBlockM>;
+  const bool needs_mask = b.kv_start + Tr::kBlockN > b.f.seqlen_k ||
+                          (b.f.causal && b.kv_start + Tr::kBlockN - 1 > b.q_start + b.diag);
+#pragma unroll 1
+  for (int slice = 0; slice < Tr::kSlices; ++slice) {
+    const int col0 = b.query0 + Tr::kSliceCols * slice;  // the slice's first query
+    const bool slice_empty =
+        b.kv_start + b.key0 >= b.f.seqlen_k ||
+        (b.f.causal && b.kv_start + b.key0 > b.q_start + col0 + Tr::kSliceCols - 1 + b.diag);
+    uint32_t ds_frag[1][Tr::kNTilesS][2] = {};
+    if (!slice_empty) {
+      uint32_t p_frag[1][Tr::kNTilesS][2];
+      {
+        float s[1][Tr::kNTilesS][4], dp[1][Tr::kNTilesS][4];
+        zero(s);  // lines 11 and 14 in one k loop
+        zero(dp);
+        warp_gemm_pair<T, Tr::kHeadDim / 16, kAbtUnroll>(
+            s, SmemA<Tr>(b.k_tile, b.key0, b.lane), SmemBt<Tr>(b.q_tile, col0, b.lane), dp,
+            SmemA<Tr>(b.v_tile, b.key0, b.lane), SmemBt<Tr>(b.do_tile, col0, b.lane));
+        if (needs_mask)  // line 12
+          compute_p_t<true>(s, b, col0);
+        else
+          compute_p_t<false>(s, b, col0);
+        compute_ds_t(dp, s, b, col0);  // line 15
+        pack_fragments<T>(p_frag, s);
+        pack_fragments<T>(ds_frag, dp);
+      }
+      accumulate_dv<Tr, T, Tr::kNTilesS / 2>(dv_acc, RegA<1, Tr::kNTilesS>{p_frag}, b, col0);
+      accumulate_dk<Tr, T, Tr::kNTilesS / 2>(dk_acc, RegA<1, Tr::kNTilesS>{ds_frag}, b, col0);
+    }
+    if constexpr (kAtomicDq)  // dS^T to shared memory: dQ_i needs all keys of the block
+      store_tile_fragments<Ds>(b.ds_tile, ds_frag, b.key0, col0, b.lane);
+  }
+}
 
 /// Writes one kv_block's dV or dK: `mult` times the sum of the kKvParts warps' fp32 partials
 /// (warps that split the queries hold partial sums over their queries). A warp's fragments
@@ -1197,367 +1536,127 @@ __device__ __forceinline__ void store_kv_grad(const float (&acc)[Tr::kKvMTiles][
   }
 }
 
-/// Main backward kernel: one thread block per (kv_block j, kv head, batch), grid
-/// (\f$\lceil N_k / B_c \rceil\f$, \f$H_{kv}\f$, B). The loop order of the forward flips: K_j and
-/// V_j stay in shared memory and \f$dK_j\f$, \f$dV_j\f$ in registers, while the inner loop
-/// walks the q_blocks i of every query head of the GQA group (under causal masking only
-/// those with a row that sees a key of kv_block j). With \f$P\f$ recomputed from the lse:
+/// Main backward kernel: one thread block per (kv_block j, kv head, batch), in the order of
+/// decode_block_order (under causal masking the kv_blocks that meet the most q_blocks first).
+/// The loop order of the forward flips: K_j and V_j stay in shared memory and \f$dK_j\f$,
+/// \f$dV_j\f$ in registers, while the inner loop walks the q_blocks i of every query head of
+/// the GQA group (under causal masking only those with a row that sees a key of kv_block j).
+/// With \f$P\f$ recomputed from the lse:
 /// \f[ P_{ij} = 2^{\,S_{ij} \log_2 e - L_i \log_2 e},\quad dV_j \mathrel{+}= P_{ij}^T dO_i,\quad
 ///     dP_{ij} = dO_i V_j^T,\quad dS_{ij} = P_{ij} \circ (dP_{ij} - D_i), \f]
 /// \f[ dK_j \mathrel{+}= \mathrm{scale}\; dS_{ij}^T Q_i,\qquad
 ///     \mathrm{dq\_accum}_i \mathrel{+}= dS_{ij} K_j \ \text{(fp32 atomics, kAtomicDq)}. \f]
-/// Warp (n, m) computes the transposed scores \f$S^T = K Q^T\f$ and \f$dP^T = V dO^T\f$ for its
-/// keys and kWarpCols queries. With P in registers (16 keys per warp, one slice of
-/// kSliceCols queries at a time) their fragments, packed to 16 bits, are directly the A
-/// operands of \f$P^T dO\f$ and \f$dS^T Q\f$; \f$dS^T\f$ goes through shared memory once, to
-/// feed \f$dS K_j\f$, which sums over all keys of the block. With P through shared memory
-/// (kPtInSmem, 32 keys per warp) \f$P^T\f$ and \f$dS^T\f$ are stored and read back by warps
-/// that split the head dimension instead of the queries (FlashAttention-2's layout).
-/// Per q_block: wait for Q_i, dO_i (loaded during the previous one), start loading Q_{i+1}
-/// (and dO_{i+1} with two dO buffers), then the five products.
+/// Each warp computes the transposed scores \f$S^T = K Q^T\f$ and \f$dP^T = V dO^T\f$ for its
+/// keys; the q_block's lines run in q_block_p_in_smem (large shapes) or
+/// q_block_p_in_registers (99 KB shapes). Per q_block: wait for Q_i, dO_i (loaded during the
+/// previous one), start loading Q_{i+1} (and dO_{i+1} with two dO buffers), then the lines.
 template <typename T, int kHeadDim, bool kLargeSmem, bool kAtomicDq>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 1)
     bwd_dk_dv_kernel(const fa_bwd_args args, float* dq_accum, const float* lse_log2,
-                     const float* d_row, int seqlen_q_pad, float scale_log2) {
+                     const float* d_row, int seqlen_q_pad, float scale_log2, int group_pairs) {
   using Tr = BwdTraits<kHeadDim, kLargeSmem>;
-  using Ds = DsLayout<Tr::kBlockM>;
   extern __shared__ __align__(128) char smem[];
-  char* const k_tile = smem;
-  char* const v_tile = smem + Tr::kOffV;
-  char* const ds_tile = smem + Tr::kOffDs;  // dS^T, [key][query]
-
   const fa_fwd_args& f = args.fwd;
-  const int kv_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int group = lane / 4, quad = lane % 4;  // fragment row and column pair
-  const int warp_n = warp % Tr::kWarpsN, warp_m = warp / Tr::kWarpsN;
-  const int key0 = 16 * Tr::kSMTiles * warp_n;  // this warp's keys in the kv_block
-  const int query0 = Tr::kWarpCols * warp_m;    // this warp's first query in the q_block
-  // This warp's head-dim columns of dK, dV (all of them unless P goes through shared memory).
-  const int kv_col0 = 8 * Tr::kKvNTiles * (warp / (Tr::kNumWarps / Tr::kKvWarpsD));
+  int kv_block = 0, pair = 0;
+  decode_block_order((f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, f.batch * f.heads_kv,
+                     group_pairs, kv_block, pair);
+  BwdBlock<Tr> b{f};
+  b.smem = smem;
+  b.head_kv = pair % f.heads_kv;
+  b.batch = pair / f.heads_kv;
+  b.kv_start = kv_block * Tr::kBlockN;
+  b.diag = f.seqlen_k - f.seqlen_q;
+  b.scale_log2 = scale_log2;
+  b.tid = threadIdx.x;
+  b.warp = b.tid / 32;
+  b.lane = b.tid % 32;
+  b.key0 = 16 * Tr::kSMTiles * (b.warp % Tr::kWarpsN);
+  b.query0 = Tr::kWarpCols * (b.warp / Tr::kWarpsN);
+  b.kv_col0 = 8 * Tr::kKvNTiles * (b.warp / (Tr::kNumWarps / Tr::kKvWarpsD));
+  b.k_tile = smem;
+  b.v_tile = smem + Tr::kOffV;
+  b.pt_tile = smem + Tr::kOffPt;
+  b.ds_tile = smem + Tr::kOffDs;
+  b.dq_stage = reinterpret_cast<float*>(smem + Tr::kOffDqStage);
+  b.dq_accum = dq_accum;
+  b.seqlen_q_pad = seqlen_q_pad;
   const int group_size = f.heads / f.heads_kv;
-  const int seqlen_q = f.seqlen_q, seqlen_k = f.seqlen_k;
-  const int kv_start = kv_block * Tr::kBlockN;
-  const int diag = seqlen_k - seqlen_q;  // causal: row i sees key j iff j <= i + diag
 
   // The q_blocks this kv_block meets: all, or under causal masking those from the first one
   // holding a row i >= kv_start - diag (the rows before see none of its keys: skipped).
-  const int n_q_blocks = (seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-  const int m_begin = f.causal ? min(n_q_blocks, max(0, kv_start - diag) / Tr::kBlockM) : 0;
-  const int m_count = n_q_blocks - m_begin;
-  const int n_iters = group_size * m_count;  // (query head of the group, q_block) pairs
-
-  const T* const k =
-      static_cast<const T*>(f.k.ptr) + batch * f.k.batch_stride + head_kv * f.k.head_stride;
-  const T* const v =
-      static_cast<const T*>(f.v.ptr) + batch * f.v.batch_stride + head_kv * f.v.head_stride;
-
-  // Starts loading q_block `q_block` of query head `head` into buffer `buf`: Q with its lse
-  // and D, and/or dO.
-  auto load_q_block = [&](int head, int q_block, int buf, bool with_q, bool with_do) {
-    const int q_start = q_block * Tr::kBlockM;
-    if (with_q) {
-      const T* q =
-          static_cast<const T*>(f.q.ptr) + batch * f.q.batch_stride + head * f.q.head_stride;
-      load_tile_async<Tr, Tr::kBlockM>(smem + Tr::kOffQ + buf * Tr::kQBytes, q, f.q.row_stride,
-                                       q_start, seqlen_q, tid);
-      const int64_t row0 = (static_cast<int64_t>(batch) * f.heads + head) * seqlen_q_pad + q_start;
-      constexpr int kChunks = Tr::kStatBytes / 16;
-      if (tid < kChunks)
-        fa::cp_async_16(smem + Tr::kOffLse + buf * Tr::kStatBytes + 16 * tid,
-                        lse_log2 + row0 + 4 * tid, true);
-      else if (tid < 2 * kChunks)
-        fa::cp_async_16(smem + Tr::kOffD + buf * Tr::kStatBytes + 16 * (tid - kChunks),
-                        d_row + row0 + 4 * (tid - kChunks), true);
-    }
-    if (with_do) {
-      const T* d_o = static_cast<const T*>(args.d_o.ptr) + batch * args.d_o.batch_stride +
-                     head * args.d_o.head_stride;
-      load_tile_async<Tr, Tr::kBlockM>(
-          smem + Tr::kOffDo + (Tr::kStagesDo == 2 ? buf : 0) * Tr::kQBytes, d_o,
-          args.d_o.row_stride, q_start, seqlen_q, tid);
-    }
-  };
+  const int n_q_blocks = (b.f.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int m_begin = b.f.causal ? min(n_q_blocks, max(0, b.kv_start - b.diag) / Tr::kBlockM) : 0;
+  const int n_iters = group_size * (n_q_blocks - m_begin);  // (query head, q_block) pairs
 
   // Prologue: K_j, V_j and the first q_block in one cp.async group.
-  load_tile_async<Tr, Tr::kBlockN>(k_tile, k, f.k.row_stride, kv_start, seqlen_k, tid);
-  load_tile_async<Tr, Tr::kBlockN>(v_tile, v, f.v.row_stride, kv_start, seqlen_k, tid);
-  if (n_iters > 0) load_q_block(head_kv * group_size, m_begin, 0, true, true);
+  const T* const k =
+      static_cast<const T*>(f.k.ptr) + b.batch * f.k.batch_stride + b.head_kv * f.k.head_stride;
+  const T* const v =
+      static_cast<const T*>(f.v.ptr) + b.batch * f.v.batch_stride + b.head_kv * f.v.head_stride;
+  load_tile_async<Tr, Tr::kBlockN>(smem, k, f.k.row_stride, b.kv_start, b.f.seqlen_k, b.tid);
+  load_tile_async<Tr, Tr::kBlockN>(smem + Tr::kOffV, v, f.v.row_stride, b.kv_start, b.f.seqlen_k,
+                                   b.tid);
+  if (n_iters > 0)
+    load_q_block<Tr, T>(args, b, lse_log2, d_row, seqlen_q_pad, b.head_kv * group_size, m_begin, 0,
+                        true, true);
   fa::cp_async_commit();
 
   // On-chip state for the whole loop: this warp's part of dV_j and (unscaled) dK_j.
   float dv_acc[Tr::kKvMTiles][Tr::kKvNTiles][4], dk_acc[Tr::kKvMTiles][Tr::kKvNTiles][4];
-#pragma unroll
-  for (int mt = 0; mt < Tr::kKvMTiles; ++mt)
-#pragma unroll
-    for (int nd = 0; nd < Tr::kKvNTiles; ++nd)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dv_acc[mt][nd][e] = dk_acc[mt][nd][e] = 0.f;
+  zero(dv_acc);
+  zero(dk_acc);
 
   // Iteration it visits (query head, q_block) = (head, q_block): the q_blocks of one head in
   // order, then the next head of the group (counters, not it / m_count: no integer division).
-  int head = head_kv * group_size, q_block = m_begin;
-  // sm_90, large shapes: each warp stages its dQ fragments here for the bulk reduction.
-  float* const dq_stage = reinterpret_cast<float*>(smem + Tr::kOffDqStage);
-  const int dq_warp_part = warp * Tr::kDqWarpFloats;  // this warp's stretch of a dQ slice
+  int head = b.head_kv * group_size, q_block = m_begin;
   for (int it = 0; it < n_iters; ++it) {
-    const int q_start = q_block * Tr::kBlockM;
     const int buf = it & 1;
     int next_head = head, next_q_block = q_block + 1;
     if (next_q_block == n_q_blocks) next_q_block = m_begin, ++next_head;
-    const char* const q_tile = smem + Tr::kOffQ + buf * Tr::kQBytes;
-    const char* const do_tile = smem + Tr::kOffDo + (Tr::kStagesDo == 2 ? buf : 0) * Tr::kQBytes;
-    const float* const lse_tile =
-        reinterpret_cast<const float*>(smem + Tr::kOffLse) + buf * Tr::kBlockM;
-    const float* const d_tile =
-        reinterpret_cast<const float*>(smem + Tr::kOffD) + buf * Tr::kBlockM;
+    b.q_start = q_block * Tr::kBlockM;
+    b.q_tile = smem + Tr::kOffQ + buf * Tr::kQBytes;
+    b.do_tile = smem + Tr::kOffDo + (Tr::kStagesDo == 2 ? buf : 0) * Tr::kQBytes;
+    b.lse_tile = reinterpret_cast<const float*>(smem + Tr::kOffLse) + buf * Tr::kBlockM;
+    b.d_tile = reinterpret_cast<const float*>(smem + Tr::kOffD) + buf * Tr::kBlockM;
+    b.head = head;
 
     fa::cp_async_wait<0>();
     __syncthreads();  // Q_i, dO_i, lse, D have landed; every warp is done with the other buffer
-    if (it + 1 < n_iters) load_q_block(next_head, next_q_block, buf ^ 1, true, Tr::kStagesDo == 2);
+    if (it + 1 < n_iters)
+      load_q_block<Tr, T>(args, b, lse_log2, d_row, seqlen_q_pad, next_head, next_q_block, buf ^ 1,
+                          true, Tr::kStagesDo == 2);
     fa::cp_async_commit();
 
-    // dq_accum_i += dS K_j (atomic mode): warp w takes query rows dq_warp_row0(w) + [0, 32)
-    // and kDqCols head-dim columns, then adds each m16n8 fragment with one 16-byte atomic, in
-    // the dq_accum layout (dq_fragment_index). Rows that see no key of this kv_block (causal,
-    // above the diagonal) or do not exist are skipped. With a dQ stage (sm_90, large shapes)
-    // the fragments are only staged: the result is where issue_dq sends them, else null.
-    auto accumulate_dq = [&]() -> float* {
-      if constexpr (kAtomicDq) {
-        const int dq_row0 = dq_warp_row0<Tr>(warp), dq_col0 = dq_warp_col0<Tr>(warp);
-        const bool rows_empty =
-            q_start + dq_row0 >= seqlen_q || (f.causal && q_start + dq_row0 + 31 + diag < kv_start);
-        if (!rows_empty) {
-          float dq[2][Tr::kDqNTiles][4];
-          mma_ds_k<Tr, Ds, Tr::kDqNTiles, T>(dq, ds_tile, dq_row0, k_tile, dq_col0, lane);
-          float* const dst =
-              dq_accum +
-              ((static_cast<int64_t>(batch) * f.heads + head) * seqlen_q_pad + q_start) * kHeadDim;
-          if constexpr (Tr::kDqStage && kHasBulkReduce) {
-            // sm_90: the warp stages its fragments in shared memory (in the dq_accum layout)
-            // and one lane hands the whole stretch to the TMA as one bulk reduction. The
-            // registers are free as soon as the stores are issued; no red.global queue.
-            if (lane == 0) bulk_wait<true>();  // the previous reduction has read the stage
-            __syncwarp();
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-              for (int nd = 0; nd < Tr::kDqNTiles; ++nd)
-                *reinterpret_cast<float4*>(dq_stage + 4 * dq_fragment_index<Tr>(mt, nd, tid)) =
-                    make_float4(dq[mt][nd][0], dq[mt][nd][1], dq[mt][nd][2], dq[mt][nd][3]);
-            return dst;
-          } else {
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-              for (int nd = 0; nd < Tr::kDqNTiles; ++nd)
-                atomic_add4(dst + 4 * dq_fragment_index<Tr>(mt, nd, tid), dq[mt][nd]);
-          }
-        }
-      }
-      return nullptr;
-    };
-    // Hands the warp's staged dQ (accumulate_dq's result) to the TMA: one lane issues a bulk
-    // reduction of the warp's stretch. The fence (MEMBAR + FENCE.VIEW.ASYNC in SASS) waits
-    // until this thread's stores to the stage have completed, so it goes one product after
-    // the stores, not right behind them (NOTES.md, change 4).
-    auto issue_dq = [&](float* dst) {
-      if constexpr (kAtomicDq && Tr::kDqStage && kHasBulkReduce) {
-        fence_proxy_async_shared();
-        __syncwarp();
-        if (dst != nullptr && lane == 0)
-          bulk_reduce_add(dst + dq_warp_part, dq_stage + dq_warp_part, Tr::kDqWarpFloats * 4);
-      }
-    };
-
-    // Elements need the mask only where the key does not exist (ragged last kv_block) or,
-    // under causal masking, j > i + diag: only q_blocks that cross the diagonal test them.
-    const bool needs_mask = kv_start + Tr::kBlockN > seqlen_k ||
-                            (f.causal && kv_start + Tr::kBlockN - 1 > q_start + diag);
     if constexpr (Tr::kPtInSmem) {
-      // FlashAttention-2's layout. Warp (n, m) computes S^T and dP^T for its 32 keys and
-      // kWarpCols queries and stores P^T and dS^T (0 where masked); a warp tile that sees none
-      // of its keys (causal, above the diagonal, or keys past N_k) stores zeros.
-      char* const pt_tile = smem + Tr::kOffPt;  // P^T, [key][query]
-      const bool tile_empty =
-          kv_start + key0 >= seqlen_k ||
-          (f.causal && kv_start + key0 > q_start + query0 + Tr::kWarpCols - 1 + diag);
-      if (!tile_empty) {
-        {
-          uint32_t p_frag[2][Tr::kNTilesS][2];
-          float s[2][Tr::kNTilesS][4];
-          mma_abt_tile<Tr, 2, Tr::kNTilesS, T>(s, k_tile, key0, q_tile, query0, lane);
-          // Two copies of this loop (kMask = needs_mask): most q_blocks need no mask, and a
-          // runtime test per element would cost 3-4 integer instructions each.
-          auto exp_scores = [&](auto mask) {
-            constexpr bool kMask = decltype(mask)::value;
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-              for (int nt = 0; nt < Tr::kNTilesS; ++nt) {
-                const int col = query0 + 8 * nt + 2 * quad;  // S^T columns are queries
-                const float2 lse = *reinterpret_cast<const float2*>(lse_tile + col);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                  float p =
-                      fa::exp2_approx(fmaf(s[mt][nt][e], scale_log2, (e & 1) ? -lse.y : -lse.x));
-                  if constexpr (kMask) {
-                    const int key = kv_start + key0 + 16 * mt + group + 8 * (e >> 1);
-                    const int row = q_start + col + (e & 1);
-                    if (key >= seqlen_k || (f.causal && key > row + diag)) p = 0.f;
-                  }
-                  s[mt][nt][e] = p;
-                }
-              }
-          };
-          if (needs_mask)
-            exp_scores(std::true_type{});
-          else
-            exp_scores(std::false_type{});
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) pack_fragments<T>(p_frag[mt], s[mt]);
-          store_tile_fragments<Ds>(pt_tile, p_frag, key0, query0, lane);
-        }
-        {
-          // dS^T takes P^T back from shared memory (the elements this thread stored), which
-          // frees its registers during the dP^T product.
-          uint32_t ds_frag[2][Tr::kNTilesS][2];
-          float dp[2][Tr::kNTilesS][4];
-          mma_abt_tile<Tr, 2, Tr::kNTilesS, T>(dp, v_tile, key0, do_tile, query0, lane);
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-            for (int nt = 0; nt < Tr::kNTilesS; ++nt) {
-              const float2 d =
-                  *reinterpret_cast<const float2*>(d_tile + query0 + 8 * nt + 2 * quad);
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const uint32_t p2 = *reinterpret_cast<const uint32_t*>(
-                    pt_tile +
-                    tile_fragment_offset<Ds>(key0 + 16 * mt, query0 + 8 * nt, e >> 1, lane));
-                dp[mt][nt][e] = unpack_half<T>(p2, e & 1) * (dp[mt][nt][e] - ((e & 1) ? d.y : d.x));
-              }
-            }
-            pack_fragments<T>(ds_frag[mt], dp[mt]);
-          }
-          store_tile_fragments<Ds>(ds_tile, ds_frag, key0, query0, lane);
-        }
-      } else {
-        uint32_t zero[2][Tr::kNTilesS][2];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < Tr::kNTilesS; ++nt) zero[mt][nt][0] = zero[mt][nt][1] = 0u;
-        store_tile_fragments<Ds>(pt_tile, zero, key0, query0, lane);
-        store_tile_fragments<Ds>(ds_tile, zero, key0, query0, lane);
-      }
-      __syncthreads();  // P^T, dS^T of the whole block are in
-      // dQ first, then dV, then the dQ reduction goes (sm_90) and runs in the TMA while the
-      // tensor cores do dK (with red.global, the atomics drain during dV and dK).
-      float* const dq_dst = accumulate_dq();
-
-      // dV_j += P^T dO_i and dK_j += dS^T Q_i: warp (n, c) owns keys key0 + [0, 32) and
-      // head-dim columns kv_col0 + [0, d / 2), all queries of the q_block (the softmax scale
-      // of dK is applied once, in the epilogue). Keys that see no query are skipped.
-      const bool keys_empty = kv_start + key0 >= seqlen_k ||
-                              (f.causal && kv_start + key0 > q_start + Tr::kBlockM - 1 + diag);
-      if (!keys_empty)
-        mma_smem_ab<Tr, Ds, Tr::kKvNTiles, T>(dv_acc, pt_tile, key0, do_tile, kv_col0, lane);
-      issue_dq(dq_dst);
-      if (!keys_empty)
-        mma_smem_ab<Tr, Ds, Tr::kKvNTiles, T>(dk_acc, ds_tile, key0, q_tile, kv_col0, lane);
+      q_block_p_in_smem<Tr, T, kAtomicDq>(b, dv_acc, dk_acc);
     } else {
-#pragma unroll 1
-      for (int slice = 0; slice < Tr::kSlices; ++slice) {
-        const int col0 = query0 + Tr::kSliceCols * slice;  // the slice's first query
-        // A slice whose queries see none of this warp's keys (causal, above the diagonal, or
-        // keys past N_k) has P = 0 and dS = 0: only its zero dS^T is stored.
-        const bool slice_empty =
-            kv_start + key0 >= seqlen_k ||
-            (f.causal && kv_start + key0 > q_start + col0 + Tr::kSliceCols - 1 + diag);
-        uint32_t ds_frag[Tr::kNTilesS][2];
-        if (!slice_empty) {
-          // S^T = K_j Q_i^T and dP^T = V_j dO_i^T (recomputed) in one k loop; then
-          // P^T = exp2(S^T scale log2e - L log2e) (0 where masked) and dS^T = P^T o (dP^T - D).
-          uint32_t p_frag[Tr::kNTilesS][2];
-          {
-            float s[Tr::kNTilesS][4], dp[Tr::kNTilesS][4];
-            mma_abt_pair<Tr, Tr::kNTilesS, T>(s, dp, k_tile, v_tile, key0, q_tile, do_tile, col0,
-                                              lane);
-            // Two copies of this loop, as in the other scheme (kMask = needs_mask).
-            auto exp_scores = [&](auto mask) {
-              constexpr bool kMask = decltype(mask)::value;
-#pragma unroll
-              for (int nt = 0; nt < Tr::kNTilesS; ++nt) {
-                const int col = col0 + 8 * nt + 2 * quad;  // S^T columns are queries
-                const float2 lse = *reinterpret_cast<const float2*>(lse_tile + col);
-                const float2 d = *reinterpret_cast<const float2*>(d_tile + col);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                  float p = fa::exp2_approx(fmaf(s[nt][e], scale_log2, (e & 1) ? -lse.y : -lse.x));
-                  if constexpr (kMask) {
-                    const int key = kv_start + key0 + group + 8 * (e >> 1);
-                    const int row = q_start + col + (e & 1);
-                    if (key >= seqlen_k || (f.causal && key > row + diag)) p = 0.f;
-                  }
-                  s[nt][e] = p;
-                  dp[nt][e] = p * (dp[nt][e] - ((e & 1) ? d.y : d.x));
-                }
-              }
-            };
-            if (needs_mask)
-              exp_scores(std::true_type{});
-            else
-              exp_scores(std::false_type{});
-            pack_fragments<T>(p_frag, s);
-            pack_fragments<T>(ds_frag, dp);
-          }
-          // dV_j += P^T dO_i and dK_j += dS^T Q_i (the softmax scale is applied once, in the
-          // epilogue).
-          mma_reg_ab<Tr, Tr::kNTilesD, Tr::kNTilesS / 2, T>(dv_acc[0], p_frag, do_tile, col0, 0,
-                                                            lane);
-          mma_reg_ab<Tr, Tr::kNTilesD, Tr::kNTilesS / 2, T>(dk_acc[0], ds_frag, q_tile, col0, 0,
-                                                            lane);
-        } else {
-#pragma unroll
-          for (int nt = 0; nt < Tr::kNTilesS; ++nt) ds_frag[nt][0] = ds_frag[nt][1] = 0u;
-        }
-        if constexpr (kAtomicDq) {
-          // dS^T to shared memory: dQ_i needs, for each of its rows, all keys of the block.
-#pragma unroll
-          for (int nt = 0; nt < Tr::kNTilesS; ++nt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              *reinterpret_cast<uint32_t*>(
-                  ds_tile + swizzle<Ds::kRowBytes>(key0 + group + 8 * h, col0 / 8 + nt) +
-                  4 * quad) = ds_frag[nt][h];
-        }
-      }
+      q_block_p_in_registers<Tr, T, kAtomicDq>(b, dv_acc, dk_acc);
       if constexpr (kAtomicDq || Tr::kStagesDo == 1) __syncthreads();  // dS^T in; dO_i read
       if constexpr (Tr::kStagesDo == 1) {
-        if (it + 1 < n_iters) load_q_block(next_head, next_q_block, buf ^ 1, false, true);
+        if (it + 1 < n_iters)
+          load_q_block<Tr, T>(args, b, lse_log2, d_row, seqlen_q_pad, next_head, next_q_block,
+                              buf ^ 1, false, true);
         fa::cp_async_commit();
       }
+      accumulate_dq<Tr, T, kAtomicDq>(b);  // line 16
     }
-
-    if constexpr (!Tr::kPtInSmem && kAtomicDq) accumulate_dq();
     head = next_head;
     q_block = next_q_block;
   }
 
   // Epilogue: dV_j and scale * dK_j, the partials of the query-splitting warps summed.
   fa::cp_async_wait<0>();
-  if (lane == 0) bulk_wait<false>();  // the dQ reductions are done (the stage is reused)
+  if (b.lane == 0) bulk_wait<false>();  // the dQ reductions are done (the stage is reused)
   float* const staging = reinterpret_cast<float*>(smem);
-  T* const dv = static_cast<T*>(args.dv.ptr) + batch * args.dv.batch_stride +
-                head_kv * args.dv.head_stride + kv_start * args.dv.row_stride;
-  T* const dk = static_cast<T*>(args.dk.ptr) + batch * args.dk.batch_stride +
-                head_kv * args.dk.head_stride + kv_start * args.dk.row_stride;
-  const int part = Tr::kKvParts > 1 ? warp_m : 0;
-  store_kv_grad<Tr, T>(dv_acc, 1.f, staging, dv, args.dv.row_stride, seqlen_k - kv_start, part,
-                       key0, kv_col0, tid);
-  store_kv_grad<Tr, T>(dk_acc, f.scale, staging, dk, args.dk.row_stride, seqlen_k - kv_start, part,
-                       key0, kv_col0, tid);
+  T* const dv = static_cast<T*>(args.dv.ptr) + b.batch * args.dv.batch_stride +
+                b.head_kv * args.dv.head_stride + b.kv_start * args.dv.row_stride;
+  T* const dk = static_cast<T*>(args.dk.ptr) + b.batch * args.dk.batch_stride +
+                b.head_kv * args.dk.head_stride + b.kv_start * args.dk.row_stride;
+  const int part = Tr::kKvParts > 1 ? b.warp / Tr::kWarpsN : 0;
+  store_kv_grad<Tr, T>(dv_acc, 1.f, staging, dv, args.dv.row_stride, b.f.seqlen_k - b.kv_start,
+                       part, b.key0, b.kv_col0, b.tid);
+  store_kv_grad<Tr, T>(dk_acc, f.scale, staging, dk, args.dk.row_stride, b.f.seqlen_k - b.kv_start,
+                       part, b.key0, b.kv_col0, b.tid);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1608,18 +1707,21 @@ __global__ void __launch_bounds__(Tr::kNumThreads)
 // ------------------------------------------------------------------------------------------
 
 /// Deterministic dQ, one thread block per (q_block i, query head, batch): the loop order of
-/// the forward. The kv_blocks j that q_block i sees are visited in order and
+/// the forward, the thread blocks in the order of decode_block_order (under causal masking
+/// the last q_blocks, which see the most keys, first). The kv_blocks j that q_block i sees
+/// are visited in order and
 /// \f[ dQ_i = \mathrm{scale} \sum_j \big(P_{ij} \circ (dO_i V_j^T - D_i)\big) K_j \f]
-/// is summed in registers, with \f$P_{ij}\f$ recomputed from the lse. Each warp owns 16 query
-/// rows, so \f$dS\f$ never leaves registers (as P in the forward's \f$P V\f$). The summation
-/// order is fixed: results are bit-identical from run to run, at the cost of recomputing
-/// \f$S\f$ and \f$dP\f$ (7 matmuls per block pair instead of 5 for the whole backward).
-/// Per kv_block: wait for K_j, V_j; start loading K_{j+1}; \f$S\f$, \f$dP\f$; start loading
-/// V_{j+1}; \f$dS\f$, \f$dQ \mathrel{+}= dS K_j\f$.
+/// is summed in registers, with \f$P_{ij}\f$ recomputed from the lse: lines 11, 12, 14, 15
+/// and 16 of Algorithm 2 again, with the same warp_gemm. Each warp owns 16 query rows, so
+/// \f$dS\f$ never leaves registers (as P in the forward's \f$P V\f$). The summation order is
+/// fixed: results are bit-identical from run to run, at the cost of recomputing \f$S\f$ and
+/// \f$dP\f$ (7 matmuls per block pair instead of 5 for the whole backward). Per kv_block:
+/// wait for K_j, V_j; start loading K_{j+1}; \f$S\f$, \f$dP\f$; start loading V_{j+1};
+/// \f$dS\f$, \f$dQ \mathrel{+}= dS K_j\f$.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(DqTraits<kHeadDim>::kNumThreads)
     bwd_dq_kernel(const fa_bwd_args args, const float* lse_log2, const float* d_row,
-                  int seqlen_q_pad, float scale_log2) {
+                  int seqlen_q_pad, float scale_log2, int group_pairs) {
   using Tr = DqTraits<kHeadDim>;
   extern __shared__ __align__(128) char smem[];
   char* const q_tile = smem;
@@ -1627,7 +1729,10 @@ __global__ void __launch_bounds__(DqTraits<kHeadDim>::kNumThreads)
   char* const v_tile = smem + Tr::kOffV;
 
   const fa_fwd_args& f = args.fwd;
-  const int q_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int num_q_blocks = (f.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  int block = 0, pair = 0;
+  decode_block_order(num_q_blocks, f.batch * f.heads, group_pairs, block, pair);
+  const int q_block = num_q_blocks - 1 - block, head = pair % f.heads, batch = pair / f.heads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int group = lane / 4, quad = lane % 4;
   const int warp_row0 = 16 * warp;
@@ -1668,11 +1773,8 @@ __global__ void __launch_bounds__(DqTraits<kHeadDim>::kNumThreads)
   const float lse[2] = {lse_log2[stat], lse_log2[stat + 8]};
   const float d[2] = {d_row[stat], d_row[stat + 8]};
 
-  float dq_acc[Tr::kNTilesD][4];
-#pragma unroll
-  for (int nd = 0; nd < Tr::kNTilesD; ++nd)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dq_acc[nd][e] = 0.f;
+  float dq_acc[1][Tr::kNTilesD][4];
+  zero(dq_acc);
 
   for (int kv_block = 0; kv_block < n_blocks; ++kv_block) {
     const int kv_start = kv_block * Tr::kBlockN;
@@ -1684,37 +1786,42 @@ __global__ void __launch_bounds__(DqTraits<kHeadDim>::kNumThreads)
                                        f.k.row_stride, kv_start + Tr::kBlockN, seqlen_k, tid);
     fa::cp_async_commit();
 
-    // P = exp2(S scale log2e - L log2e), S = Q_i K_j^T, masked as in the main kernel.
+    // Lines 11-12: P = exp2(S scale log2e - L log2e), S = Q_i K_j^T, masked as in the main
+    // kernel.
     const bool needs_mask = kv_start + Tr::kBlockN > seqlen_k ||
                             (f.causal && kv_start + Tr::kBlockN - 1 > q_start + diag);
-    uint32_t p_frag[Tr::kNTilesS][2];
+    uint32_t p_frag[1][Tr::kNTilesS][2];
     {
-      float s[Tr::kNTilesS][4];
-      mma_abt<Tr, Tr::kNTilesS, T>(s, q_tile, warp_row0, k_tile, 0, lane);
+      float s[1][Tr::kNTilesS][4];
+      zero(s);
+      warp_gemm<T, Tr::kHeadDim / 16, 4>(s, SmemA<Tr>(q_tile, warp_row0, lane),
+                                         SmemBt<Tr>(k_tile, 0, lane));
 #pragma unroll
       for (int nt = 0; nt < Tr::kNTilesS; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float p = fa::exp2_approx(fmaf(s[nt][e], scale_log2, -lse[e >> 1]));
+          float p = fa::exp2_approx(fmaf(s[0][nt][e], scale_log2, -lse[e >> 1]));
           if (needs_mask) {
             const int key = kv_start + 8 * nt + 2 * quad + (e & 1);
             const int row = q_start + warp_row0 + group + 8 * (e >> 1);
             if (key >= seqlen_k || (f.causal && key > row + diag)) p = 0.f;
           }
-          s[nt][e] = p;
+          s[0][nt][e] = p;
         }
       pack_fragments<T>(p_frag, s);
     }
-    // dP = dO_i V_j^T and dS = P o (dP - D).
-    uint32_t ds_frag[Tr::kNTilesS][2];
+    // Lines 14-15: dP = dO_i V_j^T and dS = P o (dP - D).
+    uint32_t ds_frag[1][Tr::kNTilesS][2];
     {
-      float dp[Tr::kNTilesS][4];
-      mma_abt<Tr, Tr::kNTilesS, T>(dp, do_tile, warp_row0, v_tile, 0, lane);
+      float dp[1][Tr::kNTilesS][4];
+      zero(dp);
+      warp_gemm<T, Tr::kHeadDim / 16, 4>(dp, SmemA<Tr>(do_tile, warp_row0, lane),
+                                         SmemBt<Tr>(v_tile, 0, lane));
 #pragma unroll
       for (int nt = 0; nt < Tr::kNTilesS; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          dp[nt][e] = unpack_half<T>(p_frag[nt][e >> 1], e & 1) * (dp[nt][e] - d[e >> 1]);
+          dp[0][nt][e] = unpack_half<T>(p_frag[0][nt][e >> 1], e & 1) * (dp[0][nt][e] - d[e >> 1]);
       pack_fragments<T>(ds_frag, dp);
     }
     __syncthreads();  // every warp is done with V_j
@@ -1723,8 +1830,9 @@ __global__ void __launch_bounds__(DqTraits<kHeadDim>::kNumThreads)
                                        tid);
     fa::cp_async_commit();
 
-    // dQ_i += dS K_j.
-    mma_reg_ab<Tr, Tr::kNTilesD, Tr::kNTilesS / 2, T>(dq_acc, ds_frag, k_tile, 0, 0, lane);
+    // Line 16: dQ_i += dS K_j, dS from registers.
+    warp_gemm<T, Tr::kBlockN / 16>(dq_acc, RegA<1, Tr::kNTilesS>{ds_frag},
+                                   SmemB<Tr>(k_tile, 0, 0, lane));
   }
 
   // Epilogue: scale * dQ_i through the Q tile (no longer needed), 16-byte stores.
@@ -1736,7 +1844,7 @@ __global__ void __launch_bounds__(DqTraits<kHeadDim>::kNumThreads)
     for (int h = 0; h < 2; ++h)
       *reinterpret_cast<uint32_t*>(q_tile + swizzle<Tr::kRowBytes>(warp_row0 + group + 8 * h, nd) +
                                    4 * quad) =
-          fa::pack2<T>(dq_acc[nd][2 * h] * f.scale, dq_acc[nd][2 * h + 1] * f.scale);
+          fa::pack2<T>(dq_acc[0][nd][2 * h] * f.scale, dq_acc[0][nd][2 * h + 1] * f.scale);
   __syncthreads();
   T* const dq =
       static_cast<T*>(args.dq.ptr) + batch * args.dq.batch_stride + head * args.dq.head_stride;
@@ -1769,6 +1877,33 @@ fa_status set_smem(Kernel kernel, int bytes, const char* name) {
   return FA_OK;
 }
 
+/// The one-dimensional grid of `num_blocks` thread blocks for each of `num_pairs` (batch,
+/// head) pairs, and the group size decode_block_order reads: under causal masking (and
+/// kLongestFirst) a group holds at least 4 waves of resident thread blocks, enough for the
+/// longest-first order to balance the SMs, and no more pairs than that, so that the thread
+/// blocks that read the same tensors run at the same time and share them in L2 (step 06's
+/// rule); otherwise a group is one pair and its blocks run in order.
+template <typename Kernel>
+fa_status block_order(Kernel kernel, int threads, int smem_bytes, int64_t num_blocks,
+                      int64_t num_pairs, bool causal, dim3* grid, int* group_pairs) {
+  if (num_blocks * num_pairs > INT32_MAX)
+    return fa::set_error(FA_ERR_UNSUPPORTED, "07_backward: more than 2^31 - 1 thread blocks");
+  int64_t pairs = 1;
+  if (causal && kLongestFirst) {
+    int device = 0, num_sms = 0, blocks_per_sm = 0;
+    FA_CUDA_TRY(cudaGetDevice(&device));
+    FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    FA_CUDA_TRY(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem_bytes));
+    const int64_t resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
+    const int64_t num_groups = std::max<int64_t>(1, num_blocks * num_pairs / (4 * resident));
+    pairs = (num_pairs + num_groups - 1) / num_groups;
+  }
+  *grid = dim3(static_cast<unsigned>(num_blocks * num_pairs));
+  *group_pairs = static_cast<int>(pairs);
+  return FA_OK;
+}
+
 /// Launches the main kernel with the small or large tile shape and, in atomic mode, the dQ
 /// conversion, which reads dq_accum in that shape's layout (`dq_accum` null: the
 /// deterministic variant without the dQ part).
@@ -1778,13 +1913,18 @@ fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_
                        float scale_log2) {
   using Tr = BwdTraits<kHeadDim, kLargeSmem>;
   const fa_fwd_args& f = args.fwd;
-  const dim3 grid((f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, f.heads_kv, f.batch);
   const auto kernel = dq_accum != nullptr ? bwd_dk_dv_kernel<T, kHeadDim, kLargeSmem, true>
                                           : bwd_dk_dv_kernel<T, kHeadDim, kLargeSmem, false>;
-  const fa_status status = set_smem(kernel, Tr::kSmemBytes, "bwd_dk_dv_kernel");
+  fa_status status = set_smem(kernel, Tr::kSmemBytes, "bwd_dk_dv_kernel");
+  if (status != FA_OK) return status;
+  dim3 grid;
+  int group_pairs = 1;
+  status = block_order(kernel, Tr::kNumThreads, Tr::kSmemBytes,
+                       (f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN,
+                       static_cast<int64_t>(f.batch) * f.heads_kv, f.causal, &grid, &group_pairs);
   if (status != FA_OK) return status;
   kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, dq_accum, lse_log2, d_row,
-                                                            seqlen_q_pad, scale_log2);
+                                                            seqlen_q_pad, scale_log2, group_pairs);
   FA_LAUNCH_TRY();
   if (dq_accum != nullptr) {
     const dim3 convert_grid((f.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, f.heads, f.batch);
@@ -1792,6 +1932,27 @@ fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_
         <<<convert_grid, Tr::kNumThreads, 0, stream>>>(args, dq_accum, seqlen_q_pad);
     FA_LAUNCH_TRY();
   }
+  return FA_OK;
+}
+
+/// Launches the deterministic dQ kernel.
+template <typename T, int kHeadDim>
+fa_status launch_dq(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
+                    const float* lse_log2, const float* d_row, float scale_log2) {
+  using Dq = DqTraits<kHeadDim>;
+  const fa_fwd_args& f = args.fwd;
+  const auto kernel = bwd_dq_kernel<T, kHeadDim>;
+  fa_status status = set_smem(kernel, Dq::kSmemBytes, "bwd_dq_kernel");
+  if (status != FA_OK) return status;
+  dim3 grid;
+  int group_pairs = 1;
+  status = block_order(kernel, Dq::kNumThreads, Dq::kSmemBytes,
+                       (f.seqlen_q + Dq::kBlockM - 1) / Dq::kBlockM,
+                       static_cast<int64_t>(f.batch) * f.heads, f.causal, &grid, &group_pairs);
+  if (status != FA_OK) return status;
+  kernel<<<grid, Dq::kNumThreads, Dq::kSmemBytes, stream>>>(args, lse_log2, d_row, seqlen_q_pad,
+                                                            scale_log2, group_pairs);
+  FA_LAUNCH_TRY();
   return FA_OK;
 }
 
@@ -1804,7 +1965,7 @@ template <typename T, int kHeadDim>
 fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
                                   float* lse_log2, float* d_row, float* dq_accum) {
   const fa_fwd_args& f = args.fwd;
-  const float scale_log2 = static_cast<float>(static_cast<double>(f.scale) * M_LOG2E);
+  const float scale_log2 = static_cast<float>(static_cast<double>(f.scale) * kLog2e);
 
   bwd_preprocess_kernel<T, kHeadDim><<<dim3(seqlen_q_pad / 32, f.heads, f.batch), 256, 0, stream>>>(
       args, seqlen_q_pad, lse_log2, d_row, dq_accum);
@@ -1824,18 +1985,9 @@ fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, 
     status = launch_dk_dv<T, kHeadDim, false>(args, stream, seqlen_q_pad, lse_log2, d_row, dq_accum,
                                               scale_log2);
   if (status != FA_OK) return status;
-
-  if (args.deterministic) {
-    using Dq = DqTraits<kHeadDim>;
-    const auto dq_kernel = bwd_dq_kernel<T, kHeadDim>;
-    status = set_smem(dq_kernel, Dq::kSmemBytes, "bwd_dq_kernel");
-    if (status != FA_OK) return status;
-    const dim3 dq_grid((f.seqlen_q + Dq::kBlockM - 1) / Dq::kBlockM, f.heads, f.batch);
-    dq_kernel<<<dq_grid, Dq::kNumThreads, Dq::kSmemBytes, stream>>>(args, lse_log2, d_row,
-                                                                    seqlen_q_pad, scale_log2);
-    FA_LAUNCH_TRY();
-  }
-  return FA_OK;
+  if (args.deterministic)
+    status = launch_dq<T, kHeadDim>(args, stream, seqlen_q_pad, lse_log2, d_row, scale_log2);
+  return status;
 }
 
 /// Backward pass for one dtype and head dimension: allocates the scratch in stream order

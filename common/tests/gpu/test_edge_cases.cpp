@@ -208,28 +208,33 @@ TEST_P(SafetyEdgeCases, WritesStayInsideTheOutputs) {
 }
 
 // deterministic = 1 promises results independent of thread block order: two runs agree bit
-// for bit (GQA, so that dK and dV sum over several query heads).
+// for bit (GQA, so that dK and dV sum over several query heads; both head dims, whose main
+// kernels have different tile shapes).
 TEST_P(SafetyEdgeCases, DeterministicBackwardIsBitwiseRepeatable) {
   FA_REQUIRE_GPU();
   if (!has_backward()) GTEST_SKIP() << step() << " has no backward pass";
-  const ProblemShape s = make_shape(2, 8, 2, 333, 517, 128, true);
-  const uint64_t sd = seed();
-  const HostProblem p = make_problem(s, InputSpec{sd});
-  DeviceProblem dp(p, Layout::kContiguous, true);
-  std::vector<float> runs[2][3];
-  for (int run = 0; run < 2; ++run) {
-    const CheckResult b =
-        check_backward(step(), dp, p, sample_q_rows(s, 64, sd), sample_kv_rows(s, 64, sd), true);
-    ASSERT_TRUE(b.ok) << s.describe() << ": " << b.summary();
-    dp.download_backward(&runs[run][0], &runs[run][1], &runs[run][2]);
-  }
-  const char* names[3] = {"dQ", "dK", "dV"};
-  for (int q = 0; q < 3; ++q) {
-    ASSERT_EQ(runs[0][q].size(), runs[1][q].size());
-    size_t differ = 0;
-    for (size_t i = 0; i < runs[0][q].size(); ++i)
-      differ += std::memcmp(&runs[0][q][i], &runs[1][q][i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0u) << names[q] << " differs between two deterministic runs";
+  for (const int head_dim : {64, 128}) {
+    if (fa_step_supports_head_dim(step().c_str(), head_dim) != 1) continue;
+    const ProblemShape s = make_shape(2, 8, 2, 333, 517, head_dim, true);
+    const uint64_t sd = seed();
+    const HostProblem p = make_problem(s, InputSpec{sd});
+    DeviceProblem dp(p, Layout::kContiguous, true);
+    std::vector<float> runs[2][3];
+    for (int run = 0; run < 2; ++run) {
+      const CheckResult b =
+          check_backward(step(), dp, p, sample_q_rows(s, 64, sd), sample_kv_rows(s, 64, sd), true);
+      ASSERT_TRUE(b.ok) << s.describe() << ": " << b.summary();
+      dp.download_backward(&runs[run][0], &runs[run][1], &runs[run][2]);
+    }
+    const char* names[3] = {"dQ", "dK", "dV"};
+    for (int q = 0; q < 3; ++q) {
+      ASSERT_EQ(runs[0][q].size(), runs[1][q].size());
+      size_t differ = 0;
+      for (size_t i = 0; i < runs[0][q].size(); ++i)
+        differ += std::memcmp(&runs[0][q][i], &runs[1][q][i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << names[q] << " differs between two deterministic runs, "
+                            << s.describe();
+    }
   }
 }
 

@@ -23,67 +23,11 @@ sys.path.insert(0, HERE)
 
 import flash_steps as fs  # noqa: E402
 from flash_steps import autograd  # noqa: E402
-from attention_reference import reference  # noqa: E402
-
-try:
-    fs.load_library()
-    HAVE_LIB = True
-except fs.LibraryNotFound:
-    if os.environ.get("FA_LIB"):
-        raise  # ctest sets FA_LIB: a library that does not load is a failure
-    HAVE_LIB = False
-
-
-class AsCuda:
-    """A CPU tensor as the C API's checks see it: its real address and strides, on 'cuda'."""
-
-    def __init__(self, t):
-        self.t, self.shape, self.dtype, self.device = t, t.shape, t.dtype, "cuda:0"
-
-    def data_ptr(self):
-        return self.t.data_ptr()
-
-    def stride(self):
-        return self.t.stride()
-
-
-class StandIn:
-    """forward_into / backward_into in fp64 on the CPU; records each call's tensors."""
-
-    def __init__(self):
-        self.calls = []
-
-    def forward_into(self, step, q, k, v, o, lse, causal, scale):
-        self.calls.append(("forward", step, dict(q=q, k=k, v=v, o=o, lse=lse)))
-        if HAVE_LIB:
-            fs.check_forward(step, *(AsCuda(t) for t in (q, k, v, o)),
-                             AsCuda(lse) if lse is not None else None, causal, scale)
-        out, l = reference(q, k, v, causal=causal, scale=scale)
-        o.copy_(out)
-        if lse is not None:
-            lse.copy_(l)
-
-    def backward_into(self, step, q, k, v, o, lse, d_o, dq, dk, dv, causal, scale,
-                      deterministic):
-        self.calls.append(("backward", step, dict(q=q, k=k, v=v, o=o, lse=lse, d_o=d_o)))
-        if HAVE_LIB:
-            fs.check_backward(step, *(AsCuda(t) for t in (q, k, v, o, lse, d_o, dq, dk, dv)),
-                              causal, scale, deterministic)
-        _, _, gq, gk, gv = reference(q, k, v, d_o, causal=causal, scale=scale)
-        dq.copy_(gq)
-        dk.copy_(gk)
-        dv.copy_(gv)
-
+from attention_reference import HAVE_LIB, install_stand_in, reference  # noqa: E402
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    s = StandIn()
-    monkeypatch.setattr(autograd, "forward_into", s.forward_into)
-    monkeypatch.setattr(autograd, "backward_into", s.backward_into)
-    monkeypatch.setattr(autograd, "_check_device", lambda q, k, v: None)
-    if not HAVE_LIB:  # the step names are not checked without the library
-        monkeypatch.setattr(autograd, "backward_step_for", lambda step, b=None: b or "07_backward")
-    return s
+    return install_stand_in(monkeypatch)
 
 
 def inputs(layout="bshd", B=2, Nq=37, Nk=53, H=4, Hkv=2, d=64, dtype=torch.float16, seed=0):

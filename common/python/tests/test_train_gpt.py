@@ -76,7 +76,7 @@ def test_tiny_run_on_the_cpu(tmp_path, capsys):
     assert a["tokens_per_s"] > 0 and b["rel_diff"] == pytest.approx(0, abs=1e-3)
     assert doc["params"] > 0 and doc["config"]["steps"] == 6
     out = capsys.readouterr()
-    assert "within 2% of sdpa: yes" in out.out and "[sdpa] |" in out.err
+    assert "within 2% of sdpa's: yes" in out.out and "[sdpa] |" in out.err
     try:
         import matplotlib  # noqa: F401
         assert png.stat().st_size > 10000

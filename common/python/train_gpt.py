@@ -268,7 +268,7 @@ def train_run(torch, run, args, data, progress=True):
         chunk = source[starts[:, None] + span].long()
         return chunk[:, :-1], chunk[:, 1:]
 
-    torch.manual_seed(args.seed)  # same weights, same dropout masks in every run
+    torch.manual_seed(args.seed)  # the same weights and dropout generator in every run
     model = build_model(torch, 256, args, attention).to(device)
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]

@@ -454,13 +454,14 @@ def main(argv=None):
         print("train_gpt.py: no CUDA GPU visible (use --device cpu for a smoke test of the "
               "sdpa runs)", file=sys.stderr)
         return 1
-    if args.device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = True
-        gpu = compare.gpu_info(torch, __import__("flash_steps")) if any(
-            r["kind"] == "steps" for r in args.runs) else {
-                "name": torch.cuda.get_device_name(), "torch": torch.__version__}
-    else:
+    if not args.device.startswith("cuda"):
         gpu = {"name": "cpu", "torch": torch.__version__}
+    elif any(r["kind"] == "steps" for r in args.runs):
+        import flash_steps
+
+        gpu = compare.gpu_info(torch, flash_steps)  # with the libfa it loaded
+    else:
+        gpu = {"name": torch.cuda.get_device_name(), "torch": torch.__version__}
     slug = compare.gpu_slug(gpu["name"])
     out_json = args.out_json or os.path.join(REPO, "docs", "results", slug + "_train.json")
     out_png = args.out_png if args.out_png is not None else os.path.join(

@@ -469,26 +469,30 @@ def main(argv=None):
 
     data = make_data(torch, args)
     info = compare.run_info()
-    results = []
-    for run in args.runs:
-        results.append(train_run(torch, run, args, data))
-    params = results[0]["params"]
-    ref = results[0]
-    ok = True
-    for r in results:
-        for key, loss in (("rel_diff", "final_train_loss"), ("rel_diff_val", "final_val_loss")):
-            r[key] = (r[loss] - ref[loss]) / ref[loss]
-        r["within_tolerance"] = abs(r["rel_diff"]) <= args.tolerance
-        ok = ok and r["within_tolerance"]
     config = {k: getattr(args, k) for k in (
         "steps", "batch", "context", "layers", "d_model", "head_dim", "dropout", "lr", "min_lr",
         "warmup", "dtype", "seed", "eval_every", "eval_batches", "warmup_steps_untimed")}
-    doc = {"what": "train_gpt.py: the same GPT trained with each attention", "gpu": gpu,
-           "commit": info["commit"], "dirty": info["dirty"], "date": info["date"],
-           "command": info["command"], "text": os.path.relpath(os.path.abspath(args.text), REPO),
-           "params": params, "config": config, "tolerance": args.tolerance,
-           "passed": ok, "runs": results}
-    compare.write_json(out_json, doc)
+    results = []
+    for run in args.runs:
+        results.append(train_run(torch, run, args, data))
+        r = results[-1]
+        print("[%s] %s: %s tokens/s, final training loss %.4f, held out %.4f, %.1fs"
+              % (r["name"], r["attention"], human(r["tokens_per_s"] or 0),
+                 r["final_train_loss"], r["final_val_loss"], r["wall_s"]), flush=True)
+        ref, ok = results[0], True
+        for r in results:
+            for key, loss in (("rel_diff", "final_train_loss"),
+                              ("rel_diff_val", "final_val_loss")):
+                r[key] = (r[loss] - ref[loss]) / ref[loss]
+            r["within_tolerance"] = abs(r["rel_diff"]) <= args.tolerance
+            ok = ok and r["within_tolerance"]
+        doc = {"what": "train_gpt.py: the same GPT trained with each attention", "gpu": gpu,
+               "commit": info["commit"], "dirty": info["dirty"], "date": info["date"],
+               "command": info["command"],
+               "text": os.path.relpath(os.path.abspath(args.text), REPO),
+               "params": ref["params"], "config": config, "tolerance": args.tolerance,
+               "complete": len(results) == len(args.runs), "passed": ok, "runs": results}
+        compare.write_json(out_json, doc)  # after every run: an interrupted one keeps its runs
     print(table(doc))
     print("final training loss of every run within %g%% of %s's: %s"
           % (100 * args.tolerance, ref["name"], "yes" if ok else "NO"))

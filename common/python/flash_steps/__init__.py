@@ -1,9 +1,9 @@
 """flash_steps: run any step of flash-attention-steps on PyTorch tensors.
 
-Usage (from the repository root, after building libfa with
-``cmake --workflow --preset default``)::
+Usage, after ``pip install -e .`` at the repository root (which builds libfa into the
+package), or from the repository root after ``cmake --workflow --preset default``
+(then ``import sys; sys.path.insert(0, "common/python")`` first)::
 
-    import sys; sys.path.insert(0, "common/python")
     import torch, flash_steps
 
     print(flash_steps.steps())                      # ['01_naive', ..., '07_backward']
@@ -13,11 +13,17 @@ Usage (from the repository root, after building libfa with
     dq, dk, dv = flash_steps.backward("07_backward", q, k, v, o, lse, torch.randn_like(o),
                                       causal=True)
 
+    # Differentiable, a drop-in for scaled_dot_product_attention on [B, H, N, d] tensors
+    # (06 forward, 07 backward by default; autograd.py):
+    y = flash_steps.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                              causal=True, layout="bhsd")
+
 Tensors are BSHD (``[batch, seqlen, heads, head_dim]``, the layout of FlashAttention, not
 the ``[batch, heads, seqlen, head_dim]`` of ``torch.nn.functional.scaled_dot_product_attention``),
 fp16 or bf16, with a contiguous last dimension. Every error of the C API is raised as a
 subclass of :class:`FlashStepsError` carrying the C library's message. libfa is found through
-``$FA_LIB`` or under ``build*/lib`` of the repository. See docs/python.md.
+``$FA_LIB``, in the package (pip install), or under ``build*/lib`` of the repository. See
+docs/python.md.
 """
 
 from ._lib import (
@@ -53,8 +59,10 @@ from ._lib import (
     steps,
     supports_head_dim,
 )
+from .autograd import DEFAULT_BACKWARD_STEP, DEFAULT_STEP, attention, backward_step_for
 
 __all__ = [
+    "attention", "backward_step_for", "DEFAULT_STEP", "DEFAULT_BACKWARD_STEP",
     "steps", "step_summary", "has_backward", "supports_head_dim",
     "forward", "backward", "forward_into", "backward_into", "prepare_forward",
     "prepare_backward",

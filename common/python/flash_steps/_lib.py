@@ -22,6 +22,7 @@ import ctypes
 import glob
 import math
 import os
+import sys
 from typing import Any, List, Optional, Sequence, Tuple
 
 # ---------------------------------------------------------------------------------------------
@@ -179,16 +180,22 @@ _LIB_PATH: Optional[str] = None
 
 def library_candidates() -> List[str]:
     """Where libfa is looked for, in order: ``$FA_LIB`` (a file, or a folder holding
-    libfa.so), then ``build/lib/libfa.so`` under the repository root, then any other
-    ``build*/lib/libfa.so`` there, newest first."""
+    libfa.so), then the one ``pip install`` put into this package, then
+    ``build/lib/libfa.so`` under the repository root, then any other ``build*/lib/libfa.so``
+    there, newest first."""
     env = os.environ.get("FA_LIB")
     if env:
         return [os.path.join(env, "libfa.so") if os.path.isdir(env) else env]
+    # The package's folders: an editable install adds site-packages/flash_steps to __path__.
+    package = sys.modules.get(__package__ or "")
+    folders = list(getattr(package, "__path__", None) or [os.path.dirname(__file__)])
+    installed = [os.path.join(f, "libfa.so") for f in folders]
+    installed = [p for p in installed if os.path.isfile(p)]
     first = os.path.join(REPO_ROOT, "build", "lib", "libfa.so")
     others = [p for p in glob.glob(os.path.join(REPO_ROOT, "build*", "lib", "libfa.so"))
               if os.path.abspath(p) != first]
     others.sort(key=lambda p: os.path.getmtime(p), reverse=True)
-    return [first] + others
+    return installed + [first] + others
 
 
 def load_library() -> ctypes.CDLL:

@@ -48,7 +48,7 @@ namespace {
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
 /// rows, kNumWarps warps. The 4 warps split the \f$B_c\f$ keys and share all \f$B_r\f$ rows.
 /// Shared memory holds Q, two stages of K and V, the fp32 o_acc (\f$B_r (d + 8) \cdot 4\f$
-/// bytes) and the warps' row statistics: 92 KiB at 64 x 128 (d = 64) and 90 KiB at 32 x 64
+/// bytes) and the warps' row statistics: 91 KiB at 64 x 128 (d = 64) and 90 KiB at 32 x 64
 /// (d = 128). That fits every sm_80+ GPU (at most 99 KiB per thread block on sm_86/sm_89);
 /// several thread blocks share an SM on the H100/H200. The shared o_acc keeps \f$B_r\f$ small:
 /// 64 rows at d = 128 would not fit in 99 KiB.

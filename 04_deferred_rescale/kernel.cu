@@ -4,15 +4,12 @@
 ///
 /// What this step adds to step 03:
 /// - o_acc is kept unnormalized: per K/V block it is only multiplied by
-///   \f$e^{c (m_{old} - m_{new})}\f$, and the division by row_sum happens once, in the
-///   epilogue. Step 03 scaled o_acc by \f$\ell_{old} e^{c (m_{old} - m_{new})} / \ell_{new}\f$
-///   and every probability by \f$1 / \ell_{new}\f$ at every block (FlashAttention-1,
-///   Algorithm 1 line 12).
-/// - So nothing in the loop needs the complete row sum any more: each lane keeps a partial
-///   sum of its own keys, and the warps add theirs up once, in the epilogue. The exchange of
-///   the row sums through shared memory, and its barrier, leave the K/V loop.
+///   \f$e^{c (m_{old} - m_{new})}\f$, and divided by row_sum once, in the epilogue (step 03
+///   normalized it at every block: FlashAttention-1's Algorithm 1, line 12).
+/// - So nothing in the loop needs the complete row sum: each lane sums its own keys, the warps
+///   add theirs up once, in the epilogue, and the per-block row-sum exchange and barrier go.
 ///
-/// Everything else is step 03; the logsumexp \f$L = c\, m + \ln \ell\f$ was already the
+/// Everything else is step 03, including the logsumexp \f$L = c\, m + \ln \ell\f$ as the
 /// only statistic written (m and \f$\ell\f$ stay on chip since the loop swap).
 /// Causal attention is done by masking: every block is computed.
 ///

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU proof for issue #13 (the re-cut of steps 01-06: one idea per diff). Assumes an already
-# built tree in $FA_BUILD_DIR (default build-gpu, every step, sm_90); writes $OUT/recut.log and
-# prints a summary at the end. What it runs, in this order (the GPU-light build of the rider
+# built tree in $FA_BUILD_DIR (default build-gpu, every step, sm_90); writes $OUT/recut.log
+# (plus the raw JSON: recut_bench.json, recut_variants.json, recut_compare.json, and the riders'
+# Markdown table for 05_split_q/README.md: recut_riders.md) and prints a summary at the end. What it runs, in this order (the GPU-light build of the rider
 # variants runs in the background meanwhile):
 #   1. the GPU conformance suite of steps 01-06 (fa_gpu_tests; random problems: 8 per step and
 #      direction, at most 10 s each);
@@ -134,9 +135,10 @@ else
     --direction fwd --seqlens 1024,4096,16384 --warmup 2 --repeats 5 \
     --out "$work/variants.json" > "$work/variants.txt" 2> "$work/variants_progress.log"
   say "variant bench rc=$?"
-  python3 - "$work/variants.json" >> "$log" 2>&1 << 'EOF'
+  python3 - "$work/variants.json" "$out/recut_riders.md" >> "$log" 2>&1 << 'EOF'
 import json, sys
-rows = [r for r in json.load(open(sys.argv[1]))["results"] if r["direction"] == "fwd"]
+doc = json.load(open(sys.argv[1]))
+rows = [r for r in doc["results"] if r["direction"] == "fwd"]
 tf = {(r["step"], r["head_dim"], r["causal"], r["seqlen_q"]):
       (r["tflops"] if r.get("passed") and not r.get("error") else 0.0) for r in rows}
 shapes = sorted({(r["head_dim"], r["causal"], r["seqlen_q"]) for r in rows})
@@ -151,6 +153,22 @@ for base, others in groups:
                                               tf.get((o, d, c, n), 0.0) / b if b else 0))
                  for o in others]
         print("%-3d %-6d %-6d %-10.1f " % (d, c, n, b) + " ".join(cells))
+# The same as a Markdown block for 05_split_q/README.md (between its riders markers).
+gpu, run = doc.get("gpu", {}), doc.get("run", {})
+md = ["Measured on **%s** (%s SMs), commit `%s`, %s, with `%s`: TFLOP/s, fp16, 16K tokens, "
+      "hidden 2048, forward; in brackets the ratio to the default build (both riders on). Each "
+      "variant is this kernel.cu built with the switch set, registered as an extra step "
+      "(`common/scripts/gpu/recut.sh`)." % (gpu.get("name", "?"), gpu.get("sm_count", "?"),
+                                            run.get("commit", "?"), run.get("date", "?"),
+                                            run.get("command", "?")),
+      "", "| d | causal | seqlen | default | `FA_FWD_BLOCK_M=64` | `FA_RESCALE_SKIP=0` | both off |",
+      "|---|---|---|---|---|---|---|"]
+for d, c, n in shapes:
+    b = tf.get(("05_split_q", d, c, n), 0.0)
+    cell = lambda o: "%.1f (%.2fx)" % (tf.get((o, d, c, n), 0.0), tf.get((o, d, c, n), 0.0) / b if b else 0)
+    md.append("| %d | %s | %d | %.1f | %s | %s | %s |" % (d, "yes" if c else "no", n, b,
+              cell("05_split_q_bm64"), cell("05_split_q_noskip"), cell("05_split_q_bm64_noskip")))
+open(sys.argv[2], "w").write("\n".join(md) + "\n")
 EOF
 fi
 
@@ -222,4 +240,7 @@ stamp "done"
   echo "sanitizers: rc=$san_rc (02-05), $san01_rc (01)"
   echo "full tables above in $log"
 } | tee -a "$log"
+cp "$work/bench.json" "$out/recut_bench.json" 2>/dev/null
+cp "$work/variants.json" "$out/recut_variants.json" 2>/dev/null
+cp "$work/compare.json" "$out/recut_compare.json" 2>/dev/null
 rm -rf "$work"

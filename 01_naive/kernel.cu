@@ -8,7 +8,9 @@
 /// 3. \f$O = P V\f$ (cuBLAS).
 /// S and P make \f$\Theta(N^2)\f$ bytes of device-memory traffic per head, against
 /// \f$\Theta(N d)\f$ for the inputs and the output: at N = 4096, d = 128 that is 32x more.
-/// This is the baseline every later step is measured against.
+/// This is the baseline every later step is measured against. S and P live in a workspace that
+/// is allocated once and kept between calls (fa/workspace.h), so that a timed call measures
+/// the three passes, not the allocation of gigabytes.
 ///
 /// The backward is the standard one too (the baseline for 07_backward): recompute S, form
 /// \f$P = e^{S - L}\f$, then \f$dV = P^T dO\f$, \f$dP = dO\,V^T\f$,
@@ -30,6 +32,7 @@
 
 #include "fa/check.cuh"
 #include "fa/step.h"
+#include "fa/workspace.h"
 
 namespace {
 
@@ -50,6 +53,12 @@ cublasHandle_t cublas_handle() {
   if (!handles[device] && cublasCreate(&handles[device]) != CUBLAS_STATUS_SUCCESS)
     handles[device] = nullptr;
   return handles[device];
+}
+
+/// `bytes` rounded up to a multiple of 256: the parts of a workspace start where cuBLAS and the
+/// kernels read them at full speed (cudaMalloc's own alignment).
+constexpr size_t aligned(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
 }
 
 /// Only under compute-sanitizer's initcheck (common/scripts/sanitize.sh sets
@@ -132,28 +141,27 @@ template <typename T>
 fa_status forward_impl(const fa_fwd_args& a, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(a.batch) * a.heads * a.seqlen_q;
   const int64_t s_elems = rows * a.seqlen_k;
-  const size_t s_bytes = static_cast<size_t>(s_elems) * sizeof(float);
-  const size_t p_bytes = static_cast<size_t>(s_elems) * sizeof(T);
+  const size_t s_bytes = aligned(static_cast<size_t>(s_elems) * sizeof(float));
+  const size_t p_bytes = aligned(static_cast<size_t>(s_elems) * sizeof(T));
   const size_t lse_bytes = a.lse ? 0 : static_cast<size_t>(rows) * sizeof(float);
-  size_t free_bytes = 0, total_bytes = 0;
-  FA_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
-  if (s_bytes + p_bytes + lse_bytes > free_bytes) {
+  void* scratch = nullptr;
+  const cudaError_t alloc = fa::workspace(s_bytes + p_bytes + lse_bytes, stream, &scratch);
+  if (alloc == cudaErrorMemoryAllocation) {
     return fa::set_error(FA_ERR_OUT_OF_MEMORY,
                          "01_naive materializes S (fp32) and P: %.2f GiB for B*H*Nq*Nk = %lld "
-                         "scores, but only %.2f GiB of device memory is free",
-                         (s_bytes + p_bytes) / 1073741824.0, static_cast<long long>(s_elems),
-                         free_bytes / 1073741824.0);
+                         "scores did not fit in device memory",
+                         (s_bytes + p_bytes) / 1073741824.0, static_cast<long long>(s_elems));
   }
+  FA_CUDA_TRY(alloc);
   cublasHandle_t handle = cublas_handle();
   if (!handle) return fa::set_error(FA_ERR_CUDA, "cublasCreate failed");
   CUBLAS_TRY(cublasSetStream(handle, stream));
 
-  float* s = nullptr;
-  T* p = nullptr;
-  float* lse = a.lse;
-  FA_CUDA_TRY(cudaMallocAsync(&s, s_bytes, stream));
-  FA_CUDA_TRY(cudaMallocAsync(&p, p_bytes, stream));
-  if (!lse) FA_CUDA_TRY(cudaMallocAsync(&lse, lse_bytes, stream));
+  // S (fp32), then P, then L when the caller does not want it.
+  float* s = static_cast<float*>(scratch);
+  T* p = reinterpret_cast<T*>(static_cast<char*>(scratch) + s_bytes);
+  float* lse =
+      a.lse ? a.lse : reinterpret_cast<float*>(static_cast<char*>(scratch) + s_bytes + p_bytes);
   FA_CUDA_TRY(prefill_for_initcheck(s, s_bytes, stream));
 
   const cudaDataType_t dt = std::is_same<T, __half>::value ? CUDA_R_16F : CUDA_R_16BF;
@@ -211,10 +219,6 @@ fa_status forward_impl(const fa_fwd_args& a, cudaStream_t stream) {
       }
     }
   }
-  // Freed in stream order: the memory is reused only after the products above are done.
-  cudaFreeAsync(s, stream);
-  cudaFreeAsync(p, stream);
-  if (!a.lse) cudaFreeAsync(lse, stream);
   return status;
 }
 
@@ -312,25 +316,28 @@ fa_status backward_impl(const fa_bwd_args& args, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(a.batch) * a.heads * a.seqlen_q;
   const int64_t s_elems = rows * a.seqlen_k;
   const int64_t kv_elems = static_cast<int64_t>(a.batch) * a.heads_kv * a.seqlen_k * a.head_dim;
-  const size_t need = s_elems * (sizeof(float) + 2 * sizeof(T)) + 2 * kv_elems * sizeof(float);
-  size_t free_bytes = 0, total_bytes = 0;
-  FA_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
-  if (need > free_bytes) {
+  const size_t acc_bytes = aligned(kv_elems * sizeof(float)), s_bytes = aligned(s_elems * 4);
+  const size_t p_bytes = aligned(s_elems * sizeof(T));
+  const size_t need = 2 * acc_bytes + s_bytes + 2 * p_bytes;
+  void* scratch = nullptr;
+  const cudaError_t alloc = fa::workspace(need, stream, &scratch);
+  if (alloc == cudaErrorMemoryAllocation) {
     return fa::set_error(FA_ERR_OUT_OF_MEMORY,
-                         "01_naive backward materializes S/dP (fp32), P and dS: %.2f GiB, but "
-                         "only %.2f GiB of device memory is free",
-                         need / 1073741824.0, free_bytes / 1073741824.0);
+                         "01_naive backward materializes S/dP (fp32), P and dS: %.2f GiB did not "
+                         "fit in device memory",
+                         need / 1073741824.0);
   }
+  FA_CUDA_TRY(alloc);
   cublasHandle_t handle = cublas_handle();
   if (!handle) return fa::set_error(FA_ERR_CUDA, "cublasCreate failed");
   CUBLAS_TRY(cublasSetStream(handle, stream));
-  float *s = nullptr, *dk_acc = nullptr, *dv_acc = nullptr;
-  T *p = nullptr, *ds = nullptr;
-  FA_CUDA_TRY(cudaMallocAsync(&s, s_elems * sizeof(float), stream));
-  FA_CUDA_TRY(cudaMallocAsync(&p, s_elems * sizeof(T), stream));
-  FA_CUDA_TRY(cudaMallocAsync(&ds, s_elems * sizeof(T), stream));
-  FA_CUDA_TRY(cudaMallocAsync(&dk_acc, kv_elems * sizeof(float), stream));
-  FA_CUDA_TRY(cudaMallocAsync(&dv_acc, kv_elems * sizeof(float), stream));
+  // The workspace holds the dK and dV accumulators (fp32), S/dP (fp32), P and dS.
+  char* const base = static_cast<char*>(scratch);
+  float* dk_acc = reinterpret_cast<float*>(base);
+  float* dv_acc = reinterpret_cast<float*>(base + acc_bytes);
+  float* s = reinterpret_cast<float*>(base + 2 * acc_bytes);
+  T* p = reinterpret_cast<T*>(base + 2 * acc_bytes + s_bytes);
+  T* ds = reinterpret_cast<T*>(base + 2 * acc_bytes + s_bytes + p_bytes);
   FA_CUDA_TRY(prefill_for_initcheck(s, s_elems * sizeof(float), stream));
   FA_CUDA_TRY(prefill_for_initcheck(dk_acc, kv_elems * sizeof(float), stream));
   FA_CUDA_TRY(prefill_for_initcheck(dv_acc, kv_elems * sizeof(float), stream));
@@ -417,9 +424,6 @@ fa_status backward_impl(const fa_bwd_args& args, cudaStream_t stream) {
                                                   a.heads_kv, a.seqlen_k, a.head_dim, kv_elems);
     if (cudaGetLastError() != cudaSuccess) st = fa::set_error(FA_ERR_CUDA, "convert_kernel");
   }
-  for (void* ptr : {static_cast<void*>(s), static_cast<void*>(p), static_cast<void*>(ds),
-                    static_cast<void*>(dk_acc), static_cast<void*>(dv_acc)})
-    cudaFreeAsync(ptr, stream);
   return st;
 }
 

@@ -1,32 +1,18 @@
 /// \file 02_tiled_fa1/kernel.cu
-/// \brief Step 02: FlashAttention-1 forward (Dao et al., 2022, Algorithm 1) on tensor cores.
+/// \brief Step 02: FlashAttention-1 forward (Dao et al., 2022, Algorithm 1) on tensor cores,
+/// launched the way its authors' code launched it.
 ///
 /// What this step adds to step 01:
-/// - Tiles instead of whole matrices. Q, K and V are cut into blocks of \f$B_r\f$ and
-///   \f$B_c\f$ rows that fit in shared memory; \f$S = Q K^T\f$ and \f$P\f$ exist only one
-///   tile at a time, on chip. The \f$N_q \times N_k\f$ matrices S and P that step 01 writes to
-///   and reads from device memory are gone.
-/// - The online softmax: a running row max m and row sum \f$\ell\f$ let each K/V block be
-///   folded into O as soon as it is seen, with the earlier blocks' contribution rescaled.
-/// - One fused kernel on tensor cores (mma.sync m16n8k16 with fp32 accumulation, ldmatrix,
-///   cp.async, a conflict-free swizzled shared-memory layout): the machinery every later step
-///   keeps.
+/// - Tiles: \f$S = Q K^T\f$ and \f$P\f$ exist one \f$B_r \times B_c\f$ tile at a time, on chip;
+///   the online softmax (running row max m, row sum \f$\ell\f$) folds in each K/V block.
+/// - Algorithm 1's loops: K/V blocks outside, Q blocks inside; between two K/V blocks a Q
+///   block's O (fp32, normalized at every block), m and \f$\ell\f$ wait in device memory.
+/// - One fused kernel on tensor cores (mma.sync, ldmatrix, cp.async into two shared-memory
+///   stages, a swizzled layout); its 4 warps split each K/V block's keys ("split-K").
+/// - FlashAttention-1's grid: per (batch, head), num_splits thread blocks share its Q blocks,
+///   num_splits chosen from the occupancy so that a small batch x heads still fills the GPU.
 ///
-/// What it still wastes (each later step removes one):
-/// - (03) The loop order. The outer loop runs over K/V blocks and the inner loop over Q
-///   blocks, so for every (K/V block, Q block) pair the block's O (fp32), m and \f$\ell\f$ are
-///   read from device memory and written back: \f$T_c\f$ round trips of O. And one thread
-///   block per (head, batch) walks the whole sequence: the grid is only batch x heads thread
-///   blocks, which leaves most of a GPU idle when the batch is small.
-/// - (04) O is normalized at every K/V block (Algorithm 1 line 12), which needs the complete
-///   row sums every block: one more exchange between the warps and more arithmetic.
-/// - (05) The warps split K: every warp reads the whole Q tile, the row statistics of every
-///   block go through shared memory and barriers, and the partial products \f$P_w V_w\f$ are
-///   added into a shared fp32 o_acc in rounds separated by barriers.
-///
-/// O is accumulated in an fp32 scratch copy in device memory and converted to fp16/bf16 once
-/// at the end: rounding it to fp16/bf16 at each of the \f$T_c\f$ write-backs would add
-/// \f$T_c\f$ roundings of O (see README.md). Causal attention is done by masking.
+/// Causal attention is done by masking: every block is computed.
 ///
 /// Run: `./build/bin/02_tiled_fa1 --seqlen 4096 --head-dim 128`
 #include <cuda_bf16.h>
@@ -41,6 +27,7 @@
 #include "fa/check.cuh"
 #include "fa/mma.cuh"
 #include "fa/step.h"
+#include "fa/workspace.h"
 
 namespace {
 
@@ -48,25 +35,31 @@ namespace {
 // Tile configuration
 // ------------------------------------------------------------------------------------------
 
+// Tuning knobs: K/V rows per block for each head dimension. The defaults are FlashAttention-2's
+// \f$B_c\f$; NOTES.md has what other values measured and what they cost in registers.
+#ifndef FA_FWD_BLOCK_N_D64
+#define FA_FWD_BLOCK_N_D64 128
+#endif
+#ifndef FA_FWD_BLOCK_N_D128
+#define FA_FWD_BLOCK_N_D128 64
+#endif
+
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
-/// rows, kNumWarps warps. The 4 warps split the \f$B_c\f$ keys (16 each, one k16 step of
-/// \f$P V\f$) and share all \f$B_r\f$ rows. Shared memory holds Q, one K and one V tile
-/// (they change only once per outer iteration), the fp32 O tile (\f$B_r (d + 8) \cdot 4\f$
-/// bytes) and the warps' row statistics: 44 KiB at 64 x 64 (d = 64) and 58 KiB at 32 x 64
-/// (d = 128), which fits every sm_80+ GPU. The tiles are those of steps 03 and 04, whose two
-/// K/V stages need 60 and 90 KiB. kMinBlocksPerSm goes to `__launch_bounds__` so that ptxas
-/// cuts the register budget for that many thread blocks per SM (left to itself, ptxas aims
-/// at a higher occupancy and spills to reach it); 2 at both head dims, since the grid has only
-/// \f$B H\f$ thread blocks anyway.
+/// rows, kNumWarps warps. The 4 warps split the \f$B_c\f$ keys and share all \f$B_r\f$ rows.
+/// Shared memory holds K and V, two stages of Q, the fp32 o_acc (\f$B_r (d + 8) \cdot 4\f$
+/// bytes) and the warps' row statistics: 68 KiB at 64 x 128 (d = 64) and 66 KiB at 32 x 64
+/// (d = 128). That fits every sm_80+ GPU (at most 99 KiB per thread block on sm_86/sm_89);
+/// several thread blocks share an SM on the H100/H200. The shared o_acc keeps \f$B_r\f$ small:
+/// 64 rows at d = 128 would not fit in 99 KiB.
 template <int kHeadDim>
 struct TileShape;
 template <>
 struct TileShape<64> {
-  static constexpr int kBlockM = 64, kBlockN = 64, kNumWarps = 4, kMinBlocksPerSm = 2;
+  static constexpr int kBlockM = 64, kBlockN = FA_FWD_BLOCK_N_D64, kNumWarps = 4;
 };
 template <>
 struct TileShape<128> {
-  static constexpr int kBlockM = 32, kBlockN = 64, kNumWarps = 4, kMinBlocksPerSm = 2;
+  static constexpr int kBlockM = 32, kBlockN = FA_FWD_BLOCK_N_D128, kNumWarps = 4;
 };
 
 /// Every size the kernel derives from the tile shape, in one place.
@@ -77,26 +70,24 @@ struct Traits {
   static constexpr int kBlockN = TileShape<kHeadDim>::kBlockN;  ///< \f$B_c\f$, K/V rows
   static constexpr int kNumWarps = TileShape<kHeadDim>::kNumWarps;
   static constexpr int kNumThreads = 32 * kNumWarps;
-  static constexpr int kMinBlocksPerSm = TileShape<kHeadDim>::kMinBlocksPerSm;
-  static constexpr int kWarpKeys = kBlockN / kNumWarps;     ///< K/V rows owned by one warp
-  static constexpr int kMTiles = kBlockM / 16;              ///< m16 mma tiles: all Q rows
-  static constexpr int kNTilesS = kWarpKeys / 8;            ///< n8 tiles of S (this warp's keys)
-  static constexpr int kOSliceCols = kHeadDim / kNumWarps;  ///< O columns added per round
-  static constexpr int kNTilesO = kOSliceCols / 8;          ///< n8 tiles of one O slice
-  static constexpr int kRowBytes = kHeadDim * 2;            ///< one row of Q/K/V/O, 2-byte types
-  static constexpr int kChunksPerRow = kHeadDim / 8;        ///< 16-byte chunks in one row
+  static constexpr int kWarpKeys = kBlockN / kNumWarps;  ///< K/V rows owned by one warp
+  static constexpr int kMTiles = kBlockM / 16;           ///< m16 mma tiles: all Q rows
+  static constexpr int kNTilesS = kWarpKeys / 8;         ///< n8 tiles of S (this warp's keys)
+  static constexpr int kNTilesO = kHeadDim / 32;         ///< n8 tiles of an O slice (d / 4)
+  static constexpr int kRowBytes = kHeadDim * 2;         ///< one row of Q/K/V/O, 2-byte types
+  static constexpr int kChunksPerRow = kHeadDim / 8;     ///< 16-byte chunks in one row
   static constexpr int kQBytes = kBlockM * kRowBytes;
   static constexpr int kKBytes = kBlockN * kRowBytes;
   static constexpr int kVBytes = kBlockN * kRowBytes;
-  static constexpr int kStageBytes = kKBytes + kVBytes;  ///< one K tile and one V tile
-  static constexpr int kOAccPitch = kHeadDim + 8;  ///< floats per o_acc row (see accumulate_pv)
+  static constexpr int kStageBytes = kQBytes;      ///< one Q tile
+  static constexpr int kOAccPitch = kHeadDim + 8;  ///< floats per o_acc row (see add_to_o_acc)
   static constexpr int kOAccBytes = kBlockM * kOAccPitch * 4;
-  static constexpr int kStatsBytes = 2 * kNumWarps * kBlockM * 4;  ///< warp_max and warp_sum
-  static constexpr int kSmemBytes = kQBytes + kStageBytes + kOAccBytes + kStatsBytes;
+  static constexpr int kStatsBytes = (2 * kNumWarps + 1) * kBlockM * 4;  ///< warp_max, warp_sum
+  static constexpr int kSmemBytes = kKBytes + kVBytes + 2 * kStageBytes + kOAccBytes + kStatsBytes;
 
   static_assert(kBlockM % 16 == 0, "the Q block is whole m16 tiles");
   static_assert(kWarpKeys % 16 == 0, "each warp's keys are whole k16 steps of P V");
-  static_assert(kOSliceCols % 16 == 0, "V fragments are loaded 16 columns at a time");
+  static_assert(kNTilesO % 2 == 0 && kNumWarps == 4, "4 O slices of whole 16-column V loads");
   static_assert(kOAccPitch % 32 == 8, "o_acc rows 8 banks apart: float2 adds conflict-free");
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k16 steps must tile S and P V");
   static_assert(kChunksPerRow >= 8, "the XOR swizzle permutes 8 chunks of a row");
@@ -220,9 +211,9 @@ __device__ __forceinline__ void load_b_fragments_trans(uint32_t (&b)[2][2], cons
 // The algorithm: S = Q K^T, mask, online softmax, O += P V (warps split K)
 // ------------------------------------------------------------------------------------------
 
-/// \f$S_w = Q K_w^T\f$ for all kBlockM query rows of the Q tile and this warp's kWarpKeys keys
-/// (starting at tile key `warp_key0`), unscaled, in fp32 accumulator fragments: s[mi][nj] is
-/// the m16n8 tile of rows 16 mi and keys warp_key0 + 8 nj. Every warp reads the whole Q tile.
+/// \f$S_w = Q K_{j,w}^T\f$ for all kBlockM query rows and this warp's kWarpKeys keys (from
+/// tile key `warp_key0`), unscaled, in fp32 accumulator fragments: s[mi][nj] is the m16n8
+/// tile of rows 16 mi and keys warp_key0 + 8 nj. Every warp reads the whole Q tile.
 template <class Tr, typename T>
 __device__ __forceinline__ void compute_scores(float (&s)[Tr::kMTiles][Tr::kNTilesS][4],
                                                const char* q_tile, const char* k_tile,
@@ -257,8 +248,8 @@ __device__ __forceinline__ void compute_scores(float (&s)[Tr::kMTiles][Tr::kNTil
 
 /// Sets \f$S_{ij} = -\infty\f$ where key j does not exist (\f$j \ge N_k\f$, the ragged last
 /// block) or, under causal masking, where \f$j > i + N_k - N_q\f$ (bottom-right aligned).
-/// `q_row0` is the sequence position of this thread's first row (tile row `group`);
-/// a thread holds rows q_row0 + 16 mi + 8 h, and keys kv_start + 8 nj + 2 quad + {0, 1}.
+/// `q_row0` is the sequence position of the first row this thread holds (row `group` of its
+/// warp's rows); it holds rows q_row0 + 16 mi + 8 h, and keys kv_start + 8 nj + 2 quad + {0, 1}.
 template <class Tr>
 __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS][4], int q_row0,
                                            int kv_start, int seqlen_q, int seqlen_k, bool causal,
@@ -279,53 +270,31 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS]
     }
 }
 
-/// The first half of the online softmax under split-K: the maximum of every row over this
-/// warp's keys (a row's keys are spread over the 4 lanes of a quad: two shuffles), written to
-/// `warp_max[warp][row]` in shared memory for the other warps. A barrier must separate this
-/// from online_softmax, which reads every warp's maxima.
-template <class Tr>
-__device__ __forceinline__ void publish_row_max(const float (&s)[Tr::kMTiles][Tr::kNTilesS][4],
-                                                float* warp_max, int warp, int lane) {
-  const int group = lane / 4, quad = lane % 4;
-#pragma unroll
-  for (int mi = 0; mi < Tr::kMTiles; ++mi)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float m = -INFINITY;
-#pragma unroll
-      for (int nj = 0; nj < Tr::kNTilesS; ++nj)
-        m = fmaxf(m, fmaxf(s[mi][nj][2 * h], s[mi][nj][2 * h + 1]));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      if (quad == 0) warp_max[warp * Tr::kBlockM + 16 * mi + 8 * h + group] = m;
-    }
-}
-
-/// The online softmax of FlashAttention-1 (Algorithm 1, lines 10-12) for one K/V block, per
-/// row i of the Q block:
-/// \f[ m_i^{new} = \max(m_i, \max_w m_{i,w}),\quad P_{ij} = e^{c (S_{ij} - m_i^{new})},\quad
-///     \ell_i^{new} = e^{c (m_i - m_i^{new})} \ell_i + \sum_j P_{ij},\f]
+/// The online softmax of FlashAttention-2 for one K/V block, per row i of the Q block:
+/// \f[ m_i^{new} = \max(m_i, \max_j S_{ij}),\quad
+///     \ell_i \leftarrow e^{c (m_i - m_i^{new})} \ell_i + \sum_j P_{ij},\quad
+///     O_i \leftarrow e^{c (m_i - m_i^{new})} O_i,\quad P_{ij} = e^{c (S_{ij} - m_i^{new})} \f]
+/// with c the softmax scale. In base 2, \f$e^{c x} = 2^{x c \log_2 e}\f$, so with
+/// `scale_log2` \f$= c \log_2 e\f$ each probability is one FFMA and one ex2. The row max is
+/// reduced across the 4 lanes (a quad) that share a row. Each warp holds a quarter of a row's
+/// keys: it publishes its maxima in `warp_max` and, after a barrier, takes the max over all
+/// warps, so every warp keeps the same row_max; the row sums of the block go the same way
+/// through `warp_sum`, so every warp keeps the same, complete row_sum. FlashAttention-1's
+/// update (Algorithm 1, line 12) then keeps O normalized at every block:
 /// \f[ O_i \leftarrow \frac{\ell_i e^{c (m_i - m_i^{new})}}{\ell_i^{new}} O_i +
 ///     \sum_j \frac{P_{ij}}{\ell_i^{new}} V_j \f]
-/// with c the softmax scale and \f$m_{i,w}\f$ warp w's maximum from publish_row_max.
-/// (Algorithm 1 writes \f$e^{\tilde m - m^{new}} \tilde P\f$ with the block's own max
-/// \f$\tilde m\f$; that is the same \f$P\f$.) The block's row sums are reduced over the quad
-/// and published in `warp_sum`; after a barrier every warp adds the kNumWarps partial sums of
-/// each row in the same order, so every warp keeps the same full row_sum (and row_max). The
-/// factor for \f$O_i\f$ is returned in `o_scale` (o_acc lives in shared memory and is
-/// rescaled in accumulate_pv); the factor \f$1 / \ell^{new}\f$ of the new term is applied to
-/// P here, in fp32, before P is rounded for the mma. In base 2,
-/// \f$e^{c x} = 2^{x c \log_2 e}\f$, so with `scale_log2` \f$= c \log_2 e\f$ each
-/// probability is one FFMA and one ex2. A row with no visible key yet has \f$m = -\infty\f$:
-/// the subtracted max is then taken as 0 so that no \f$-\infty - (-\infty)\f$ makes a NaN,
-/// and \f$\ell^{new} = 0\f$ gives factors 0. On return s holds \f$P / \ell^{new}\f$ (fp32).
+/// The factor of \f$O_i\f$ goes to `o_scale`, for add_to_o_acc; P is multiplied by
+/// \f$1 / \ell^{new}\f$ here, in fp32, before it is rounded for the mma. A row
+/// with no visible key yet has \f$m = -\infty\f$: the subtracted max is then taken as 0
+/// so that no \f$-\infty - (-\infty)\f$ makes a NaN, and \f$\ell^{new} = 0\f$ gives factors 0.
+/// On return s holds \f$P / \ell^{new}\f$ (fp32).
 template <class Tr>
 __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTilesS][4],
                                                float (&row_max)[Tr::kMTiles][2],
                                                float (&row_sum)[Tr::kMTiles][2],
-                                               float (&o_scale)[Tr::kMTiles][2],
-                                               const float* warp_max, float* warp_sum,
-                                               float scale_log2, int warp, int lane) {
+                                               float (&o_scale)[Tr::kMTiles][2], float* warp_max,
+                                               float* warp_sum, float scale_log2, int warp,
+                                               int lane) {
   const int group = lane / 4, quad = lane % 4;
   float m_new[Tr::kMTiles][2];
 #pragma unroll
@@ -334,19 +303,29 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
     for (int h = 0; h < 2; ++h) {
       float m = row_max[mi][h];
 #pragma unroll
-      for (int w = 0; w < Tr::kNumWarps; ++w)
-        m = fmaxf(m, warp_max[w * Tr::kBlockM + 16 * mi + 8 * h + group]);
+      for (int nj = 0; nj < Tr::kNTilesS; ++nj)
+        m = fmaxf(m, fmaxf(s[mi][nj][2 * h], s[mi][nj][2 * h + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      if (quad == 0) warp_max[warp * Tr::kBlockM + 16 * mi + 8 * h + group] = m;
       m_new[mi][h] = m;
     }
+  __syncthreads();  // every warp's row maxima are published; each takes the max over all
+  {
 #pragma unroll
-  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+    for (int mi = 0; mi < Tr::kMTiles; ++mi)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
-      // exp(c (m_old - m_new)); 0 when the row had no visible key before (m_old = -inf).
-      const float rescale = fa::exp2_approx(row_max[mi][h] * scale_log2 - m_scaled);
-      row_sum[mi][h] *= rescale;
-    }
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int w = 0; w < Tr::kNumWarps; ++w)
+          m_new[mi][h] = fmaxf(m_new[mi][h], warp_max[w * Tr::kBlockM + 16 * mi + 8 * h + group]);
+        const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
+        // exp(c (m_old - m_new)); 0 when the row had no visible key before (m_old = -inf).
+        const float rescale = fa::exp2_approx(row_max[mi][h] * scale_log2 - m_scaled);
+        row_sum[mi][h] *= rescale;
+        o_scale[mi][h] = rescale;
+      }
+  }
 #pragma unroll
   for (int mi = 0; mi < Tr::kMTiles; ++mi)
 #pragma unroll
@@ -377,7 +356,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
         block_sum += warp_sum[w * Tr::kBlockM + 16 * mi + 8 * h + group];
       const float l_new = row_sum[mi][h] + block_sum;
       const float inv_l_new = l_new > 0.f ? 1.f / l_new : 0.f;
-      o_scale[mi][h] = row_sum[mi][h] * inv_l_new;
+      o_scale[mi][h] = row_sum[mi][h] * inv_l_new;  // l e^{c (m - m_new)} / l_new
       row_sum[mi][h] = l_new;
 #pragma unroll
       for (int nj = 0; nj < Tr::kNTilesS; ++nj)
@@ -386,223 +365,196 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
     }
 }
 
-/// \f$O \leftarrow \mathrm{diag}(o\_scale)\, O + \sum_w P_w V_w\f$, where warp w holds
-/// \f$P_w\f$, the probabilities of all kBlockM rows for its kWarpKeys keys, and O is the fp32
-/// o_acc in shared memory. The sum over warps is done in kNumWarps rounds: O is cut into
-/// kNumWarps column slices, and in round r warp w computes its partial product for slice
-/// \f$(w + r) \bmod W\f$ in registers and adds it into o_acc. The warps work on different
-/// slices in every round, so no atomics are needed; a barrier separates the rounds. The
-/// warp that takes a slice in round 0 also applies the rescale. Every element of O thus
-/// gets its rescale and its four partial products in a fixed order (deterministic).
-///
-/// P stays in registers: the accumulator fragments of the S tiles 2 kk and 2 kk + 1, rounded
-/// to T and packed in pairs, are the A fragment of the k16 step kk (a0 = rows 0-7 keys 0-7,
-/// a1 = rows 8-15 keys 0-7, a2 = rows 0-7 keys 8-15, a3 = rows 8-15 keys 8-15). V's
-/// fragments (this warp's key rows) come from shared memory through ldmatrix.trans. A lane
-/// adds float2 pairs at rows 16 mi + 8 h + group and columns 8 nd + 2 quad; o_acc rows are
-/// kOAccPitch = d + 8 floats apart, 8 banks, so the 16 lanes of a half-warp hit 32 different
-/// banks.
+/// \f$pv \mathrel{+}= P_w V_{j,w}\f$, this warp's keys only, O columns [col0, col0 + d / 4).
+/// P stays in registers: the accumulator fragments of the S
+/// tiles 2 kk and 2 kk + 1 (keys 16 kk ... 16 kk + 15), rounded to T and packed in pairs, are
+/// the A fragment of the k16 step kk (a0 = rows 0-7 keys 0-7, a1 = rows 8-15 keys 0-7,
+/// a2 = rows 0-7 keys 8-15, a3 = rows 8-15 keys 8-15). V's fragments come from shared memory
+/// through ldmatrix.trans.
 template <class Tr, typename T>
-__device__ __forceinline__ void accumulate_pv(float* o_acc, const float (&o_scale)[Tr::kMTiles][2],
+__device__ __forceinline__ void accumulate_pv(float (&pv)[Tr::kMTiles][Tr::kNTilesO][4],
                                               const float (&p)[Tr::kMTiles][Tr::kNTilesS][4],
-                                              const char* v_tile, int warp, int lane) {
+                                              const char* v_tile, int warp_key0, int col0,
+                                              int lane) {
   const uint32_t a_offset = a_lane_offset<Tr>(lane);
-  const int group = lane / 4, quad = lane % 4;
-  uint32_t p_frag[Tr::kWarpKeys / 16][Tr::kMTiles][4];
 #pragma unroll
-  for (int kk = 0; kk < Tr::kWarpKeys / 16; ++kk)
+  for (int kk = 0; kk < Tr::kWarpKeys / 16; ++kk) {
+    uint32_t p_frag[Tr::kMTiles][4];
 #pragma unroll
     for (int mi = 0; mi < Tr::kMTiles; ++mi) {
-      p_frag[kk][mi][0] = fa::pack2<T>(p[mi][2 * kk][0], p[mi][2 * kk][1]);
-      p_frag[kk][mi][1] = fa::pack2<T>(p[mi][2 * kk][2], p[mi][2 * kk][3]);
-      p_frag[kk][mi][2] = fa::pack2<T>(p[mi][2 * kk + 1][0], p[mi][2 * kk + 1][1]);
-      p_frag[kk][mi][3] = fa::pack2<T>(p[mi][2 * kk + 1][2], p[mi][2 * kk + 1][3]);
+      p_frag[mi][0] = fa::pack2<T>(p[mi][2 * kk][0], p[mi][2 * kk][1]);
+      p_frag[mi][1] = fa::pack2<T>(p[mi][2 * kk][2], p[mi][2 * kk][3]);
+      p_frag[mi][2] = fa::pack2<T>(p[mi][2 * kk + 1][0], p[mi][2 * kk + 1][1]);
+      p_frag[mi][3] = fa::pack2<T>(p[mi][2 * kk + 1][2], p[mi][2 * kk + 1][3]);
     }
 #pragma unroll
-  for (int round = 0; round < Tr::kNumWarps; ++round) {
-    const int col0 = (warp + round) % Tr::kNumWarps * Tr::kOSliceCols;
-    float pv[Tr::kMTiles][Tr::kNTilesO][4];
+    for (int nd = 0; nd < Tr::kNTilesO; nd += 2) {
+      uint32_t v_frag[2][2];
+      load_b_fragments_trans<Tr>(v_frag, v_tile, a_offset, warp_key0 / 16 + kk, col0 + 8 * nd);
 #pragma unroll
-    for (int mi = 0; mi < Tr::kMTiles; ++mi)
-#pragma unroll
-      for (int nd = 0; nd < Tr::kNTilesO; ++nd)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pv[mi][nd][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < Tr::kWarpKeys / 16; ++kk)
-#pragma unroll
-      for (int nd = 0; nd < Tr::kNTilesO; nd += 2) {
-        uint32_t v_frag[2][2];
-        load_b_fragments_trans<Tr>(v_frag, v_tile, a_offset, warp * Tr::kWarpKeys / 16 + kk,
-                                   col0 + 8 * nd);
-#pragma unroll
-        for (int mi = 0; mi < Tr::kMTiles; ++mi) {
-          fa::mma_m16n8k16<T>(pv[mi][nd], p_frag[kk][mi], v_frag[0]);
-          fa::mma_m16n8k16<T>(pv[mi][nd + 1], p_frag[kk][mi], v_frag[1]);
-        }
+      for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+        fa::mma_m16n8k16<T>(pv[mi][nd], p_frag[mi], v_frag[0]);
+        fa::mma_m16n8k16<T>(pv[mi][nd + 1], p_frag[mi], v_frag[1]);
       }
-    if (round > 0) __syncthreads();  // the previous round's adds to this slice are done
-#pragma unroll
-    for (int mi = 0; mi < Tr::kMTiles; ++mi)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
-          float2* const dst = reinterpret_cast<float2*>(
-              o_acc + (16 * mi + 8 * h + group) * Tr::kOAccPitch + col0 + 8 * nd + 2 * quad);
-          float2 o = *dst;
-          const float scale = round == 0 ? o_scale[mi][h] : 1.f;
-          o.x = fmaf(o.x, scale, pv[mi][nd][2 * h]);
-          o.y = fmaf(o.y, scale, pv[mi][nd][2 * h + 1]);
-          *dst = o;
-        }
+    }
   }
 }
 
-// ------------------------------------------------------------------------------------------
-// O, m and l in device memory (Algorithm 1 lines 2, 8, 12 and 13)
-// ------------------------------------------------------------------------------------------
-
-/// Algorithm 1 line 2 for this (batch, head): \f$O = 0\f$, \f$\ell = 0\f$ and
-/// \f$m = -\infty\f$ in device memory. `o_hbm` is the fp32 O of this (batch, head)
-/// (\f$N_q\f$ rows of kHeadDim floats), `row_max_hbm` and `row_sum_hbm` its m and \f$\ell\f$
-/// (\f$N_q\f$ floats each). A barrier must follow before any thread reads them back.
+/// Round `round` of \f$O \leftarrow \mathrm{diag}(o\_scale)\, O + \sum_w P_w V_{j,w}\f$ on the
+/// fp32 o_acc in shared memory: this warp adds its `pv` of columns [col0, col0 + d / 4). The
+/// warps hold different slices in every round (no atomics; a barrier between rounds), and
+/// the warp of round 0 applies the rescale: a fixed order, deterministic. o_acc rows are
+/// d + 8 floats (8 banks) apart: a half-warp's float2 adds hit 32 different banks.
 template <class Tr>
-__device__ __forceinline__ void init_o_m_l(float* o_hbm, float* row_max_hbm, float* row_sum_hbm,
-                                           int seqlen, int tid) {
-  for (int64_t i = tid; i < static_cast<int64_t>(seqlen) * (Tr::kHeadDim / 4); i += Tr::kNumThreads)
-    reinterpret_cast<float4*>(o_hbm)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int i = tid; i < seqlen; i += Tr::kNumThreads) {
-    row_max_hbm[i] = -INFINITY;
-    row_sum_hbm[i] = 0.f;
-  }
+__device__ __forceinline__ void add_to_o_acc(float* o_acc, const float (&o_scale)[Tr::kMTiles][2],
+                                             const float (&pv)[Tr::kMTiles][Tr::kNTilesO][4],
+                                             int col0, int round, int lane) {
+  const int group = lane / 4, quad = lane % 4;
+  if (round > 0) __syncthreads();  // the previous round's adds to this slice are done
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
+        float2* const dst = reinterpret_cast<float2*>(
+            o_acc + (16 * mi + 8 * h + group) * Tr::kOAccPitch + col0 + 8 * nd + 2 * quad);
+        float2 o = *dst;
+        const float scale = round == 0 ? o_scale[mi][h] : 1.f;
+        o.x = fmaf(o.x, scale, pv[mi][nd][2 * h]);
+        o.y = fmaf(o.y, scale, pv[mi][nd][2 * h + 1]);
+        *dst = o;
+      }
 }
 
-/// Algorithm 1 line 8, O part: starts the asynchronous copy of rows [row0, row0 + kBlockM) of
-/// the fp32 O in device memory into o_acc (rows kOAccPitch floats apart), 16 bytes (4 floats)
-/// per cp.async. Rows at or past `seqlen` are zero-filled and not read. 8 consecutive threads
-/// copy 128 contiguous bytes of one row, so the shared-memory writes are conflict-free.
-/// store_o_m_l uses the same thread-to-chunk map. The caller commits the group.
+/// Algorithm 1, line 8, O part (O, m and \f$\ell\f$ wait in device memory between two K/V blocks):
+/// starts the cp.async copy of rows [row0, row0 + kBlockM) of the fp32 O in device memory into
+/// o_acc (8 threads per 128 contiguous bytes: no bank conflicts). Rows at or past `valid_rows` are
+/// zero-filled, not read: 0 for the first K/V block (line 2).
 template <class Tr>
 __device__ __forceinline__ void load_o_tile_async(float* o_acc, const float* o_hbm, int row0,
-                                                  int seqlen, int tid) {
+                                                  int valid_rows, int tid) {
   constexpr int kChunks = Tr::kHeadDim / 4;  // 16-byte chunks in one fp32 row
   constexpr int kRowsPerPass = Tr::kNumThreads / kChunks;
-  static_assert(Tr::kBlockM % kRowsPerPass == 0, "the threads cover the tile in whole passes");
   const int chunk = tid % kChunks;
-  const int tile_row = tid / kChunks;
-  const int row = row0 + tile_row;
-  float* const dst = o_acc + tile_row * Tr::kOAccPitch + chunk * 4;
-  const float* src = o_hbm + static_cast<int64_t>(row) * Tr::kHeadDim + chunk * 4;
-#pragma unroll 1
+#pragma unroll
   for (int pass = 0; pass < Tr::kBlockM / kRowsPerPass; ++pass) {
-    const bool valid = row + pass * kRowsPerPass < seqlen;
-    fa::cp_async_16(dst + pass * kRowsPerPass * Tr::kOAccPitch, valid ? src : o_hbm, valid);
-    src += kRowsPerPass * Tr::kHeadDim;
+    const int r = tid / kChunks + pass * kRowsPerPass;
+    const bool valid = row0 + r < valid_rows;
+    const float* const src = o_hbm + static_cast<int64_t>(row0 + r) * Tr::kHeadDim + chunk * 4;
+    fa::cp_async_16(o_acc + r * Tr::kOAccPitch + chunk * 4, valid ? src : o_hbm, valid);
   }
 }
 
-/// Algorithm 1 line 8, m and \f$\ell\f$ part: loads the rows this thread holds in the
-/// fragment layout (row0 + 16 mi + 8 h + group) into registers. Every warp and every lane of a
-/// quad loads the same values, so all copies of row_max and row_sum agree. Rows at or past
-/// `seqlen` get \f$-\infty\f$ and 0.
+/// Line 8, m and \f$\ell\f$ part, into the fragment rows of this lane (in every warp).
 template <class Tr>
 __device__ __forceinline__ void load_row_stats(float (&row_max)[Tr::kMTiles][2],
                                                float (&row_sum)[Tr::kMTiles][2],
                                                const float* row_max_hbm, const float* row_sum_hbm,
-                                               int row0, int seqlen, int lane) {
-  const int group = lane / 4;
+                                               int row0, int valid_rows, int lane) {
 #pragma unroll
   for (int mi = 0; mi < Tr::kMTiles; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = row0 + 16 * mi + 8 * h + group;
-      row_max[mi][h] = row < seqlen ? row_max_hbm[row] : -INFINITY;
-      row_sum[mi][h] = row < seqlen ? row_sum_hbm[row] : 0.f;
+      const int row = row0 + 16 * mi + 8 * h + lane / 4;
+      row_max[mi][h] = row < valid_rows ? row_max_hbm[row] : -INFINITY;
+      row_sum[mi][h] = row < valid_rows ? row_sum_hbm[row] : 0.f;
     }
 }
 
-/// Algorithm 1 lines 12 (the write) and 13: writes O_i (o_acc, fp32) and \f$m_i\f$,
-/// \f$\ell_i\f$ of rows [row0, row0 + kBlockM) back to device memory; rows at or past
-/// `seqlen` are not written. Starts with a barrier, so that every warp's o_acc adds are done.
-/// Every warp holds the same row_max and row_sum; warp 0 writes them.
+/// Lines 12 (the write) and 13: o_acc (fp32), m and \f$\ell\f$ of rows [row0, row0 + kBlockM)
+/// back to device memory, after a barrier (every warp's adds are done); not rows >= `seqlen`.
 template <class Tr>
 __device__ __forceinline__ void store_o_m_l(const float* o_acc,
                                             const float (&row_max)[Tr::kMTiles][2],
                                             const float (&row_sum)[Tr::kMTiles][2], float* o_hbm,
                                             float* row_max_hbm, float* row_sum_hbm, int row0,
                                             int seqlen, int warp, int tid) {
-  const int lane = tid % 32;
-  const int group = lane / 4, quad = lane % 4;
   __syncthreads();  // every warp's o_acc adds are in shared memory
-  if (warp == 0 && quad == 0) {
 #pragma unroll
-    for (int mi = 0; mi < Tr::kMTiles; ++mi)
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = row0 + 16 * mi + 8 * h + group;
-        if (row < seqlen) {
-          row_max_hbm[row] = row_max[mi][h];
-          row_sum_hbm[row] = row_sum[mi][h];
-        }
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 16 * mi + 8 * h + tid % 32 / 4;
+      if (warp == 0 && tid % 4 == 0 && row < seqlen) {
+        row_max_hbm[row] = row_max[mi][h];
+        row_sum_hbm[row] = row_sum[mi][h];
       }
-  }
-  constexpr int kChunks = Tr::kHeadDim / 4;  // 16-byte chunks in one fp32 row
+    }
+  constexpr int kChunks = Tr::kHeadDim / 4;  // the thread-to-chunk map of load_o_tile_async
   constexpr int kRowsPerPass = Tr::kNumThreads / kChunks;
   const int chunk = tid % kChunks;
-  const int tile_row = tid / kChunks;
-  const int row = row0 + tile_row;
-  const float* const src = o_acc + tile_row * Tr::kOAccPitch + chunk * 4;
-  float* dst = o_hbm + static_cast<int64_t>(row) * Tr::kHeadDim + chunk * 4;
-#pragma unroll 1
+#pragma unroll
   for (int pass = 0; pass < Tr::kBlockM / kRowsPerPass; ++pass) {
-    if (row + pass * kRowsPerPass < seqlen)
-      *reinterpret_cast<float4*>(dst) =
-          *reinterpret_cast<const float4*>(src + pass * kRowsPerPass * Tr::kOAccPitch);
-    dst += kRowsPerPass * Tr::kHeadDim;
+    const int r = tid / kChunks + pass * kRowsPerPass;
+    if (row0 + r < seqlen)
+      *reinterpret_cast<float4*>(o_hbm + static_cast<int64_t>(row0 + r) * Tr::kHeadDim +
+                                 chunk * 4) =
+          *reinterpret_cast<const float4*>(o_acc + r * Tr::kOAccPitch + chunk * 4);
   }
 }
 
 // ------------------------------------------------------------------------------------------
-// Epilogue: O in the output dtype and L = m + log(l)
+// Epilogue: O = o_acc and L = m + log(row_sum)
 // ------------------------------------------------------------------------------------------
 
-/// Algorithm 1 line 16, after the last K/V block, for all \f$N_q\f$ rows of (batch, head):
-/// converts the fp32 O in device memory (already normalized) to T in args.o and, when
-/// args.lse is not null, writes \f$L_i = c\, m_i + \ln \ell_i\f$ (natural log of the scaled
-/// scores, c = args.scale). A row that saw no key (\f$\ell_i = 0\f$) has \f$O_i = 0\f$ and
-/// gets \f$L_i = +\infty\f$. Each thread converts whole 16-byte chunks of the output (8
-/// elements), so the global stores are coalesced. Starts with a barrier: every write-back of
-/// O, m and \f$\ell\f$ is done.
+/// Finishes the Q block of rows [row0, row0 + kBlockM) of (batch, head): writes
+/// \f$O_i = o_i\f$ (already normalized) and, when args.lse is not
+/// null, \f$L_i = c\, m_i + \ln \ell_i\f$ (natural log of the scaled scores, c = args.scale).
+/// A row that saw no key (\f$\ell_i = 0\f$) has \f$O_i = 0\f$ and gets \f$L_i = +\infty\f$.
+/// row_sum and row_max, the same in every warp, reach the row-by-row loop through `stats`
+/// (shared memory). O is read row by row from the fp32 o_acc in shared memory so that
+/// the global stores are whole, coalesced 16-byte chunks; rows at or past \f$N_q\f$ (a ragged
+/// last Q block) are not stored.
 template <class Tr, typename T>
-__device__ __forceinline__ void store_o_and_lse(const float* o_hbm, const float* row_max_hbm,
-                                                const float* row_sum_hbm, const fa_fwd_args& args,
-                                                int batch, int head, int tid) {
+__device__ __forceinline__ void store_o_and_lse(const float* o_acc,
+                                                float (&row_max)[Tr::kMTiles][2],
+                                                float (&row_sum)[Tr::kMTiles][2], float* stats,
+                                                const fa_fwd_args& args, int batch, int head,
+                                                int row0, int warp, int tid) {
   const int seqlen = args.seqlen_q;
   T* const o =
       static_cast<T*>(args.o.ptr) + batch * args.o.batch_stride + head * args.o.head_stride;
   float* const lse = args.lse == nullptr
                          ? nullptr
                          : args.lse + (static_cast<int64_t>(batch) * args.heads + head) * seqlen;
-  __syncthreads();  // every write-back of O, m and l is done
-  if (lse != nullptr) {
-    for (int row = tid; row < seqlen; row += Tr::kNumThreads) {
-      const float sum = row_sum_hbm[row];
-      lse[row] = sum > 0.f ? row_max_hbm[row] * args.scale + logf(sum) : INFINITY;
+  const int lane = tid % 32;
+  const int group = lane / 4, quad = lane % 4;
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (quad == 0 && warp == 0) {  // every warp holds the same row_sum and row_max
+        stats[16 * mi + 8 * h + group] = row_sum[mi][h];
+        stats[Tr::kNumWarps * Tr::kBlockM + 16 * mi + 8 * h + group] = row_max[mi][h];
+      }
     }
-  }
+  __syncthreads();  // every warp's o_acc adds, row_sum and row_max are in `stats`
   constexpr int kRowsPerPass = Tr::kNumThreads / Tr::kChunksPerRow;
   const int chunk = tid % Tr::kChunksPerRow;
-  for (int row = tid / Tr::kChunksPerRow; row < seqlen; row += kRowsPerPass) {
-    const float* const o_row = o_hbm + static_cast<int64_t>(row) * Tr::kHeadDim + chunk * 8;
-    const float4 lo = *reinterpret_cast<const float4*>(o_row);
-    const float4 hi = *reinterpret_cast<const float4*>(o_row + 4);
-    uint4 packed;
-    packed.x = fa::pack2<T>(lo.x, lo.y);
-    packed.y = fa::pack2<T>(lo.z, lo.w);
-    packed.z = fa::pack2<T>(hi.x, hi.y);
-    packed.w = fa::pack2<T>(hi.z, hi.w);
-    *reinterpret_cast<uint4*>(o + row * args.o.row_stride + chunk * 8) = packed;
+  const int tile_row = tid / Tr::kChunksPerRow;
+  const int row = row0 + tile_row;
+  const float* const src = o_acc + tile_row * Tr::kOAccPitch + chunk * 8;
+  T* dst = o + row * args.o.row_stride + chunk * 8;
+#pragma unroll
+  for (int pass = 0; pass < Tr::kBlockM / kRowsPerPass; ++pass) {
+    if (row + pass * kRowsPerPass < seqlen) {
+      const int r = tile_row + pass * kRowsPerPass;
+      const float sum = stats[r];
+      if (lse != nullptr && chunk == 0)
+        lse[row0 + r] =
+            sum > 0.f ? stats[Tr::kNumWarps * Tr::kBlockM + r] * args.scale + logf(sum) : INFINITY;
+      const float* const o_row = src + pass * kRowsPerPass * Tr::kOAccPitch;
+      const float4 lo = *reinterpret_cast<const float4*>(o_row);
+      const float4 hi = *reinterpret_cast<const float4*>(o_row + 4);
+      uint4 packed;
+      packed.x = fa::pack2<T>(lo.x, lo.y);
+      packed.y = fa::pack2<T>(lo.z, lo.w);
+      packed.z = fa::pack2<T>(hi.x, hi.y);
+      packed.w = fa::pack2<T>(hi.z, hi.w);
+      *reinterpret_cast<uint4*>(dst) = packed;
+    }
+    dst += kRowsPerPass * args.o.row_stride;
   }
 }
 
@@ -610,32 +562,29 @@ __device__ __forceinline__ void store_o_and_lse(const float* o_hbm, const float*
 // The kernel
 // ------------------------------------------------------------------------------------------
 
-/// FlashAttention-1 forward (Algorithm 1), warps split K. One thread block per (head, batch)
-/// walks the whole sequence. The outer loop over K/V blocks j loads \f$K_j\f$ and \f$V_j\f$
-/// once; the inner loop over Q blocks i loads \f$Q_i\f$ and reads \f$O_i\f$, \f$m_i\f$ and
-/// \f$\ell_i\f$ from device memory; each warp computes \f$S_w = Q_i K_{j,w}^T\f$ and masks
-/// it; the warps exchange their row maxima and row sums through shared memory; each warp
-/// updates its copy of the online softmax and adds \f$P_w V_{j,w} / \ell^{new}\f$ into the
-/// shared o_acc; then \f$O_i\f$, \f$m_i\f$ and \f$\ell_i\f$ are written back. Per inner
-/// iteration: wait for \f$Q_i\f$, start loading \f$O_i\f$, \f$Q K^T\f$, wait for \f$O_i\f$,
-/// start loading the next Q, softmax, \f$P V\f$, write back. `scratch` holds the fp32 O of
-/// every (batch, head) (\f$B H N_q d\f$ floats), then m and then \f$\ell\f$
-/// (\f$B H N_q\f$ floats each).
+/// FlashAttention-1 forward (Algorithm 1), warps split K. Thread block (split, head, batch)
+/// takes Q blocks split, split + num_splits, ... of one head. Per pair (K/V block j outer, Q
+/// block i inner): \f$O_i\f$, m, \f$\ell\f$ in from `scratch`, one block of the online softmax
+/// (split-K: row maxima and sums exchanged through shared memory, \f$P_w V_{j,w}\f$ added
+/// into the shared o_acc in 4 rounds), \f$O_i\f$, m, \f$\ell\f$ back out (O and L at the last
+/// j). Two shared-memory stages: the next pair's Q tile loads while this pair is computed.
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, Traits<kHeadDim>::kMinBlocksPerSm)
-    flash_forward_kernel(const fa_fwd_args args, const float scale_log2, float* const scratch) {
+__global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
+    flash_forward_kernel(const fa_fwd_args args, const float scale_log2, float* const scratch,
+                         const int num_splits) {
   using Tr = Traits<kHeadDim>;
   extern __shared__ __align__(128) char smem[];
-  char* const q_tile = smem;
-  char* const k_tile = smem + Tr::kQBytes;
-  char* const v_tile = k_tile + Tr::kKBytes;
-  float* const o_acc = reinterpret_cast<float*>(v_tile + Tr::kVBytes);
-  float* const warp_max = o_acc + Tr::kBlockM * Tr::kOAccPitch;    // [kNumWarps][kBlockM]
-  float* const warp_sum = warp_max + Tr::kNumWarps * Tr::kBlockM;  // [kNumWarps][kBlockM]
+  char* const k_tile = smem;
+  char* const v_tile = smem + Tr::kKBytes;
+  char* const q_stages = v_tile + Tr::kVBytes;  // stage s: a Q tile
+  float* const o_acc = reinterpret_cast<float*>(q_stages + 2 * Tr::kStageBytes);
+  float* const warp_max = o_acc + Tr::kBlockM * Tr::kOAccPitch;          // [kNumWarps + 1][kBlockM]
+  float* const warp_sum = warp_max + (Tr::kNumWarps + 1) * Tr::kBlockM;  // [kNumWarps][kBlockM]
 
-  // FlashAttention-1 does not split the sequence over the grid: one thread block per
-  // (head, batch) runs both loops.
-  const int pair = blockIdx.x;
+  // Which (split, head, batch) this thread block computes (see launch()).
+  const int num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int split = blockIdx.x % num_splits;
+  const int pair = blockIdx.x / num_splits;
   const int head = pair % args.heads;
   const int batch = pair / args.heads;
   const int head_kv = head / (args.heads / args.heads_kv);
@@ -653,81 +602,91 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, Traits<kHeadDim
   const T* const v = static_cast<const T*>(args.v.ptr) + batch * args.v.batch_stride +
                      head_kv * args.v.head_stride;
 
-  // This (batch, head)'s O (fp32), m and l in device memory.
+  // This (batch, head)'s O (fp32), m and l between two K/V blocks, in device memory; each
+  // warp's copy of the current Q block's m and l.
   const int64_t all_rows = static_cast<int64_t>(args.batch) * args.heads * seqlen_q;
   const int64_t first_row = (static_cast<int64_t>(batch) * args.heads + head) * seqlen_q;
   float* const o_hbm = scratch + first_row * Tr::kHeadDim;
   float* const row_max_hbm = scratch + all_rows * Tr::kHeadDim + first_row;
   float* const row_sum_hbm = row_max_hbm + all_rows;
+  float row_max[Tr::kMTiles][2];
+  float row_sum[Tr::kMTiles][2];
 
-  // Line 2: O = 0, l = 0, m = -inf in device memory (read back after the first barrier).
-  init_o_m_l<Tr>(o_hbm, row_max_hbm, row_sum_hbm, seqlen_q, tid);
-
-  const int n_q_blocks = (seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   const int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  const int my_q_blocks = (num_q_blocks - split + num_splits - 1) / num_splits;
 
-  for (int kv_block = 0; kv_block < n_blocks; ++kv_block) {  // Line 5
+  // Prologue: K_0, V_0 and the first Q block (stage 0) in one cp.async group.
+  load_tile_async<Tr, Tr::kBlockM>(q_stages, q, args.q.row_stride, split * Tr::kBlockM, seqlen_q,
+                                   tid);
+  load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, 0, seqlen_k, tid);
+  load_tile_async<Tr, Tr::kBlockN>(v_tile, v, args.v.row_stride, 0, seqlen_k, tid);
+  fa::cp_async_commit();
+
+  // Lines 5 and 7 as one loop: pair t = (K/V block t / my_q_blocks, Q block t % my_q_blocks).
+  for (int t = 0; t < n_blocks * my_q_blocks; ++t) {
+    const int kv_block = t / my_q_blocks;
     const int kv_start = kv_block * Tr::kBlockN;
-    // Line 6: K_j and V_j, with the first Q block, in one cp.async group. No warp reads a
-    // tile any more: the last write-back (store_o_m_l) started with a barrier.
-    load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, kv_start, seqlen_k, tid);
-    load_tile_async<Tr, Tr::kBlockN>(v_tile, v, args.v.row_stride, kv_start, seqlen_k, tid);
-    load_tile_async<Tr, Tr::kBlockM>(q_tile, q, args.q.row_stride, 0, seqlen_q, tid);
-    fa::cp_async_commit();
-
-    for (int q_block = 0; q_block < n_q_blocks; ++q_block) {  // Line 7
-      const int q_start = q_block * Tr::kBlockM;
-      fa::cp_async_wait<0>();
-      __syncthreads();  // Q_i has landed; every warp is done with O_{i-1}
-      // Line 8: O_i, m_i and l_i from device memory (Q_i is already on chip).
-      load_o_tile_async<Tr>(o_acc, o_hbm, q_start, seqlen_q, tid);
+    const int q_start = (split + t % my_q_blocks * num_splits) * Tr::kBlockM;
+    const char* const q_tile = q_stages + (t % 2) * Tr::kStageBytes;
+    fa::cp_async_wait<0>();
+    __syncthreads();  // Q_i has landed; every warp is done with pair t - 1 (its stage, o_acc)
+    if (t > 0 && t % my_q_blocks == 0) {  // line 6: K_j and V_j, for a new round of Q blocks
+      load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, kv_start, seqlen_k, tid);
+      load_tile_async<Tr, Tr::kBlockN>(v_tile, v, args.v.row_stride, kv_start, seqlen_k, tid);
       fa::cp_async_commit();
-
-      // Line 9: S = Q_i K_j^T, masked.
-      float s[Tr::kMTiles][Tr::kNTilesS][4];
-      compute_scores<Tr, T>(s, q_tile, k_tile, warp_key0, lane);
-      // Under causal masking every block is masked element by element (step 06 skips the
-      // blocks above the diagonal and masks only the ones that cross it).
-      const bool needs_mask = args.causal || kv_start + Tr::kBlockN > seqlen_k;
-      if (needs_mask)
-        apply_mask<Tr>(s, q_start + lane / 4, kv_start + warp_key0, seqlen_q, seqlen_k, args.causal,
-                       lane);
-      publish_row_max<Tr>(s, warp_max, warp, lane);
-      float row_max[Tr::kMTiles][2];
-      float row_sum[Tr::kMTiles][2];
-      load_row_stats<Tr>(row_max, row_sum, row_max_hbm, row_sum_hbm, q_start, seqlen_q, lane);
-
       fa::cp_async_wait<0>();
-      __syncthreads();  // O_i has landed; every warp is done with Q_i and published its maxima
-      if (q_block + 1 < n_q_blocks) {
-        load_tile_async<Tr, Tr::kBlockM>(q_tile, q, args.q.row_stride, q_start + Tr::kBlockM,
-                                         seqlen_q, tid);
-        fa::cp_async_commit();
-      }
+      __syncthreads();  // K_j and V_j have landed
+    }
+    // Line 8 (O_i, m_i, l_i), and the next pair's Q into the stage pair t - 1 left.
+    load_o_tile_async<Tr>(o_acc, o_hbm, q_start, kv_block > 0 ? seqlen_q : 0, tid);
+    fa::cp_async_commit();
+    if (t + 1 < n_blocks * my_q_blocks) {
+      char* const next = q_stages + ((t + 1) % 2) * Tr::kStageBytes;
+      load_tile_async<Tr, Tr::kBlockM>(next, q, args.q.row_stride,
+                                       (split + (t + 1) % my_q_blocks * num_splits) * Tr::kBlockM,
+                                       seqlen_q, tid);
+    }
+    fa::cp_async_commit();  // (possibly empty: the wait for O_i below counts on two groups)
+    load_row_stats<Tr>(row_max, row_sum, row_max_hbm, row_sum_hbm, q_start,
+                       kv_block > 0 ? seqlen_q : 0, lane);
 
-      // Lines 10-12: online softmax and
-      // O_i = diag(l_new)^-1 (diag(l_i) e^{m_i - m_new} O_i + e^{m~ - m_new} P~ V_j).
-      float o_scale[Tr::kMTiles][2];
-      online_softmax<Tr>(s, row_max, row_sum, o_scale, warp_max, warp_sum, scale_log2, warp, lane);
-      accumulate_pv<Tr, T>(o_acc, o_scale, s, v_tile, warp, lane);
-      // Lines 12-13: write O_i, m_i and l_i back to device memory.
+    float s[Tr::kMTiles][Tr::kNTilesS][4];
+    compute_scores<Tr, T>(s, q_tile, k_tile, warp_key0, lane);
+    // Under causal masking every block is masked element by element, also the ones above the
+    // diagonal, which come out fully masked (P = 0).
+    const bool needs_mask = args.causal || kv_start + Tr::kBlockN > seqlen_k;
+    if (needs_mask)
+      apply_mask<Tr>(s, q_start + lane / 4, kv_start + warp_key0, seqlen_q, seqlen_k, args.causal,
+                     lane);
+
+    float o_scale[Tr::kMTiles][2];
+    fa::cp_async_wait<1>();  // this thread's part of O_i; online_softmax's barrier shows it all
+    online_softmax<Tr>(s, row_max, row_sum, o_scale, warp_max, warp_sum, scale_log2, warp, lane);
+#pragma unroll
+    for (int round = 0; round < Tr::kNumWarps; ++round) {  // warp w: slice (w + round) % 4
+      const int col0 = (warp + round) % Tr::kNumWarps * Tr::kNTilesO * 8;
+      float pv[Tr::kMTiles][Tr::kNTilesO][4] = {};
+      accumulate_pv<Tr, T>(pv, s, v_tile, warp_key0, col0, lane);
+      add_to_o_acc<Tr>(o_acc, o_scale, pv, col0, round, lane);
+    }
+    if (kv_block + 1 < n_blocks)  // lines 12-13: O_i, m_i and l_i back to device memory
       store_o_m_l<Tr>(o_acc, row_max, row_sum, o_hbm, row_max_hbm, row_sum_hbm, q_start, seqlen_q,
                       warp, tid);
-    }
+    else  // line 16 for this Q block: O in the output dtype, and L
+      store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, warp_max, args, batch, head, q_start, warp,
+                             tid);
   }
-
-  // Line 16: O in the output dtype, and L.
-  store_o_and_lse<Tr, T>(o_hbm, row_max_hbm, row_sum_hbm, args, batch, head, tid);
 }
 
 // ------------------------------------------------------------------------------------------
 // Launcher
 // ------------------------------------------------------------------------------------------
 
-/// Launches the kernel for one dtype and head dimension: one thread block per (head, batch)
-/// (a one-dimensional grid of \f$B H\f$ blocks; the kernel decodes head and batch), and the fp32
-/// scratch for O, m and l in device memory (\f$B H N_q (d + 2)\f$ floats, allocated and freed
-/// in stream order).
+/// Launches the kernel for one dtype and head dimension: num_splits thread blocks per (batch,
+/// head), in a one-dimensional grid that the kernel decodes, and the fp32 scratch for O, m and
+/// l (\f$B H N_q (d + 2)\f$ floats, kept between calls by fa::workspace). num_splits follows
+/// FlashAttention-1 (num_splits_heuristic_fwd in fmha_fwd_launch_template.h): the fewest splits
+/// (at most 30 and the Q block count) whose last wave is within 95% of the fullest possible.
 template <typename T, int kHeadDim>
 fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   using Tr = Traits<kHeadDim>;
@@ -736,28 +695,39 @@ fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   if (Tr::kSmemBytes > 48 * 1024)
     FA_CUDA_TRY(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  const int64_t num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int64_t num_pairs = static_cast<int64_t>(args.batch) * args.heads;
+  int device = 0, num_sms = 0, blocks_per_sm = 0;
+  FA_CUDA_TRY(cudaGetDevice(&device));
+  FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, Tr::kNumThreads,
+                                                            Tr::kSmemBytes));
+  blocks_per_sm = std::max(blocks_per_sm, 1);
+  const auto efficiency = [&](int splits) {  // the share of the last wave's SMs kept busy, sort of
+    const double waves = static_cast<double>(num_pairs * splits) / (num_sms * blocks_per_sm);
+    return waves / std::ceil(waves);
+  };
+  double best = 0.0;
+  for (int s = 1; s <= std::min<int64_t>(30, num_q_blocks); ++s)
+    best = std::max(best, efficiency(s));
+  int num_splits = 1;
+  while (efficiency(num_splits) <= 0.95 * best) ++num_splits;
+  if (num_splits * num_pairs > INT32_MAX)
+    return fa::set_error(FA_ERR_UNSUPPORTED, "%s: more than 2^31 - 1 thread blocks", FA_STEP_NAME);
   const size_t scratch_bytes =
-      static_cast<size_t>(args.batch) * args.heads * args.seqlen_q * (kHeadDim + 2) * sizeof(float);
-  float* scratch = nullptr;
-  const cudaError_t alloc_error = cudaMallocAsync(&scratch, scratch_bytes, stream);
-  if (alloc_error == cudaErrorMemoryAllocation) {
-    cudaGetLastError();  // clear it: the status below reports it
-    return fa::set_error(FA_ERR_OUT_OF_MEMORY,
-                         "%s keeps O (fp32), m and l in device memory: %.2f GiB for B*H*Nq = "
-                         "%lld rows did not fit",
-                         FA_STEP_NAME, scratch_bytes / 1073741824.0,
-                         static_cast<long long>(args.batch) * args.heads * args.seqlen_q);
-  }
+      static_cast<size_t>(num_pairs) * args.seqlen_q * (kHeadDim + 2) * sizeof(float);
+  void* scratch = nullptr;
+  const cudaError_t alloc_error = fa::workspace(scratch_bytes, stream, &scratch);
+  if (alloc_error == cudaErrorMemoryAllocation)
+    return fa::set_error(FA_ERR_OUT_OF_MEMORY, "%s: no room for O (fp32), m and l: %.2f GiB",
+                         FA_STEP_NAME, scratch_bytes / 1073741824.0);
   FA_CUDA_TRY(alloc_error);
-  const dim3 grid(static_cast<unsigned>(args.batch) * args.heads);
+  const dim3 grid(static_cast<unsigned>(num_splits * num_pairs));
   constexpr double kLog2e = 1.4426950408889634;
   const float scale_log2 = static_cast<float>(args.scale * kLog2e);
-  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2, scratch);
-  const cudaError_t launch_error = cudaGetLastError();
-  FA_CUDA_TRY(cudaFreeAsync(scratch, stream));  // in stream order: after the kernel
-  if (launch_error != cudaSuccess)
-    return fa::set_error(FA_ERR_CUDA, "%s: kernel launch failed: %s", FA_STEP_NAME,
-                         cudaGetErrorString(launch_error));
+  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
+      args, scale_log2, static_cast<float*>(scratch), num_splits);
+  FA_LAUNCH_TRY();
   return FA_OK;
 }
 

@@ -1,34 +1,17 @@
 /// \file 03_loop_swap/kernel.cu
-/// \brief Step 03: the loops swapped: Q blocks outside (one thread block each), K/V blocks
-/// inside; O, m and l stay on chip (FlashAttention-2, sec. 3.2).
+/// \brief Step 03: the loops swapped: Q blocks outside, as the grid; K/V blocks inside; O, m
+/// and l stay on chip (FlashAttention-2, sec. 3.2).
 ///
 /// What this step adds to step 02:
-/// - The outer loop runs over Q blocks and becomes the grid: one thread block per
-///   (Q block, head, batch). Long sequences with a small batch now fill the GPU (step 02 ran
-///   only batch x heads thread blocks).
-/// - Each thread block loads its Q block once and loops over all K/V blocks. Its O rows
-///   (o_acc, fp32 in shared memory) and its row_max and row_sum (registers) stay on chip for
-///   the whole loop; O is written to device memory once, at the end. Step 02 read and wrote
-///   O, m and l in device memory for every (K/V block, Q block) pair.
-/// - Loads overlap compute: K and V have two shared-memory stages, and the next block's K and
-///   V tiles are fetched into one while the current block is computed from the other.
-/// - The logsumexp \f$L = c\, m + \ln \ell\f$ is written once per row at the end; m and
-///   \f$\ell\f$ themselves never leave the chip.
+/// - The outer loop, over Q blocks, becomes the grid: one thread block per (Q block, head,
+///   batch), replacing step 02's split of the Q blocks and the heuristic that chose it.
+/// - Each thread block loads its Q block once and loops over all K/V blocks: o_acc (fp32,
+///   shared memory), row_max and row_sum (registers) stay on chip, and O and
+///   \f$L = c\, m + \ln \ell\f$ are written once, at the end, not at every K/V block.
+/// - The two shared-memory stages now hold what the inner loop streams: K and V tiles.
 ///
-/// What it still wastes:
-/// - (step 04 removes it) FlashAttention-1's update is kept: o_acc is normalized at every K/V
-///   block, \f$O \leftarrow \mathrm{diag}(\ell^{new})^{-1} (\mathrm{diag}(\ell)
-///   e^{m - m^{new}} O + P V)\f$ (Algorithm 1 line 12), which needs the full row sum every
-///   block: one more exchange through shared memory and one more barrier, one division more
-///   per row and one multiplication more per probability.
-/// - (step 05 removes it) The warps split K, as FlashAttention-1 did. All 4 warps share the
-///   whole Q block; each takes a quarter of the keys of the K/V block. So each warp reads the
-///   whole Q tile from shared memory, the row maxima and sums of every block go through
-///   shared memory and barriers, and each warp's partial \f$P_w V_w\f$ (all \f$B_r\f$
-///   rows) is added into an fp32 o_acc that lives in shared memory, in rounds separated by
-///   barriers.
-///
-/// Causal attention is done by masking (every block computed).
+/// Still FlashAttention-1's update (o_acc normalized at every K/V block) and split-K warps.
+/// Causal attention is done by masking: every block is computed.
 ///
 /// Run: `./build/bin/03_loop_swap --seqlen 4096 --head-dim 128`
 #include <cuda_bf16.h>
@@ -50,26 +33,31 @@ namespace {
 // Tile configuration
 // ------------------------------------------------------------------------------------------
 
+// Tuning knobs: K/V rows per block for each head dimension. The defaults are FlashAttention-2's
+// \f$B_c\f$; NOTES.md has what other values measured and what they cost in registers.
+#ifndef FA_FWD_BLOCK_N_D64
+#define FA_FWD_BLOCK_N_D64 128
+#endif
+#ifndef FA_FWD_BLOCK_N_D128
+#define FA_FWD_BLOCK_N_D128 64
+#endif
+
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
-/// rows, kNumWarps warps. The 4 warps split the \f$B_c\f$ keys (16 each, one k16 step of
-/// \f$P V\f$) and share all \f$B_r\f$ rows. Shared memory holds Q, two stages of K and V,
-/// the fp32 o_acc (\f$B_r (d + 8) \cdot 4\f$ bytes) and the warps' row statistics:
-/// 60 KiB at 64 x 64 (d = 64) and 90 KiB at 32 x 64 (d = 128). That fits every sm_80+ GPU
-/// (at most 99 KiB per thread block on sm_86/sm_89); two thread blocks share an SM on the
-/// H100/H200 at d = 128. Split-K pays for its shared o_acc with a smaller Q block: 64 rows
-/// at d = 128 would need 116 KiB (NOTES.md). kMinBlocksPerSm is what shared memory lets an
-/// H100/H200 SM hold; `__launch_bounds__` passes it to ptxas so that the register budget is
-/// cut for that occupancy (left to itself, ptxas aims at more thread blocks than shared
-/// memory allows and spills to reach them).
+/// rows, kNumWarps warps. The 4 warps split the \f$B_c\f$ keys and share all \f$B_r\f$ rows.
+/// Shared memory holds Q, two stages of K and V, the fp32 o_acc (\f$B_r (d + 8) \cdot 4\f$
+/// bytes) and the warps' row statistics: 92 KiB at 64 x 128 (d = 64) and 90 KiB at 32 x 64
+/// (d = 128). That fits every sm_80+ GPU (at most 99 KiB per thread block on sm_86/sm_89);
+/// several thread blocks share an SM on the H100/H200. The shared o_acc keeps \f$B_r\f$ small:
+/// 64 rows at d = 128 would not fit in 99 KiB.
 template <int kHeadDim>
 struct TileShape;
 template <>
 struct TileShape<64> {
-  static constexpr int kBlockM = 64, kBlockN = 64, kNumWarps = 4, kMinBlocksPerSm = 3;
+  static constexpr int kBlockM = 64, kBlockN = FA_FWD_BLOCK_N_D64, kNumWarps = 4;
 };
 template <>
 struct TileShape<128> {
-  static constexpr int kBlockM = 32, kBlockN = 64, kNumWarps = 4, kMinBlocksPerSm = 2;
+  static constexpr int kBlockM = 32, kBlockN = FA_FWD_BLOCK_N_D128, kNumWarps = 4;
 };
 
 /// Every size the kernel derives from the tile shape, in one place.
@@ -80,26 +68,24 @@ struct Traits {
   static constexpr int kBlockN = TileShape<kHeadDim>::kBlockN;  ///< \f$B_c\f$, K/V rows
   static constexpr int kNumWarps = TileShape<kHeadDim>::kNumWarps;
   static constexpr int kNumThreads = 32 * kNumWarps;
-  static constexpr int kMinBlocksPerSm = TileShape<kHeadDim>::kMinBlocksPerSm;
-  static constexpr int kWarpKeys = kBlockN / kNumWarps;     ///< K/V rows owned by one warp
-  static constexpr int kMTiles = kBlockM / 16;              ///< m16 mma tiles: all Q rows
-  static constexpr int kNTilesS = kWarpKeys / 8;            ///< n8 tiles of S (this warp's keys)
-  static constexpr int kOSliceCols = kHeadDim / kNumWarps;  ///< O columns added per round
-  static constexpr int kNTilesO = kOSliceCols / 8;          ///< n8 tiles of one O slice
-  static constexpr int kRowBytes = kHeadDim * 2;            ///< one row of Q/K/V/O, 2-byte types
-  static constexpr int kChunksPerRow = kHeadDim / 8;        ///< 16-byte chunks in one row
+  static constexpr int kWarpKeys = kBlockN / kNumWarps;  ///< K/V rows owned by one warp
+  static constexpr int kMTiles = kBlockM / 16;           ///< m16 mma tiles: all Q rows
+  static constexpr int kNTilesS = kWarpKeys / 8;         ///< n8 tiles of S (this warp's keys)
+  static constexpr int kNTilesO = kHeadDim / 32;         ///< n8 tiles of an O slice (d / 4)
+  static constexpr int kRowBytes = kHeadDim * 2;         ///< one row of Q/K/V/O, 2-byte types
+  static constexpr int kChunksPerRow = kHeadDim / 8;     ///< 16-byte chunks in one row
   static constexpr int kQBytes = kBlockM * kRowBytes;
   static constexpr int kKBytes = kBlockN * kRowBytes;
   static constexpr int kVBytes = kBlockN * kRowBytes;
   static constexpr int kStageBytes = kKBytes + kVBytes;  ///< one K tile and one V tile
-  static constexpr int kOAccPitch = kHeadDim + 8;  ///< floats per o_acc row (see accumulate_pv)
+  static constexpr int kOAccPitch = kHeadDim + 8;  ///< floats per o_acc row (see add_to_o_acc)
   static constexpr int kOAccBytes = kBlockM * kOAccPitch * 4;
-  static constexpr int kStatsBytes = 2 * kNumWarps * kBlockM * 4;  ///< warp_max and warp_sum
+  static constexpr int kStatsBytes = (2 * kNumWarps + 1) * kBlockM * 4;  ///< warp_max, warp_sum
   static constexpr int kSmemBytes = kQBytes + 2 * kStageBytes + kOAccBytes + kStatsBytes;
 
   static_assert(kBlockM % 16 == 0, "the Q block is whole m16 tiles");
   static_assert(kWarpKeys % 16 == 0, "each warp's keys are whole k16 steps of P V");
-  static_assert(kOSliceCols % 16 == 0, "V fragments are loaded 16 columns at a time");
+  static_assert(kNTilesO % 2 == 0 && kNumWarps == 4, "4 O slices of whole 16-column V loads");
   static_assert(kOAccPitch % 32 == 8, "o_acc rows 8 banks apart: float2 adds conflict-free");
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k16 steps must tile S and P V");
   static_assert(kChunksPerRow >= 8, "the XOR swizzle permutes 8 chunks of a row");
@@ -223,9 +209,9 @@ __device__ __forceinline__ void load_b_fragments_trans(uint32_t (&b)[2][2], cons
 // The algorithm: S = Q K^T, mask, online softmax, O += P V (warps split K)
 // ------------------------------------------------------------------------------------------
 
-/// \f$S_w = Q K_w^T\f$ for all kBlockM query rows of the Q tile and this warp's kWarpKeys keys
-/// (starting at tile key `warp_key0`), unscaled, in fp32 accumulator fragments: s[mi][nj] is
-/// the m16n8 tile of rows 16 mi and keys warp_key0 + 8 nj. Every warp reads the whole Q tile.
+/// \f$S_w = Q K_{j,w}^T\f$ for all kBlockM query rows and this warp's kWarpKeys keys (from
+/// tile key `warp_key0`), unscaled, in fp32 accumulator fragments: s[mi][nj] is the m16n8
+/// tile of rows 16 mi and keys warp_key0 + 8 nj. Every warp reads the whole Q tile.
 template <class Tr, typename T>
 __device__ __forceinline__ void compute_scores(float (&s)[Tr::kMTiles][Tr::kNTilesS][4],
                                                const char* q_tile, const char* k_tile,
@@ -260,8 +246,8 @@ __device__ __forceinline__ void compute_scores(float (&s)[Tr::kMTiles][Tr::kNTil
 
 /// Sets \f$S_{ij} = -\infty\f$ where key j does not exist (\f$j \ge N_k\f$, the ragged last
 /// block) or, under causal masking, where \f$j > i + N_k - N_q\f$ (bottom-right aligned).
-/// `q_row0` is the sequence position of this thread's first row (tile row `group`);
-/// a thread holds rows q_row0 + 16 mi + 8 h, and keys kv_start + 8 nj + 2 quad + {0, 1}.
+/// `q_row0` is the sequence position of the first row this thread holds (row `group` of its
+/// warp's rows); it holds rows q_row0 + 16 mi + 8 h, and keys kv_start + 8 nj + 2 quad + {0, 1}.
 template <class Tr>
 __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS][4], int q_row0,
                                            int kv_start, int seqlen_q, int seqlen_k, bool causal,
@@ -282,53 +268,31 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS]
     }
 }
 
-/// The first half of the online softmax under split-K: the maximum of every row over this
-/// warp's keys (a row's keys are spread over the 4 lanes of a quad: two shuffles), written to
-/// `warp_max[warp][row]` in shared memory for the other warps. A barrier must separate this
-/// from online_softmax, which reads every warp's maxima.
-template <class Tr>
-__device__ __forceinline__ void publish_row_max(const float (&s)[Tr::kMTiles][Tr::kNTilesS][4],
-                                                float* warp_max, int warp, int lane) {
-  const int group = lane / 4, quad = lane % 4;
-#pragma unroll
-  for (int mi = 0; mi < Tr::kMTiles; ++mi)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float m = -INFINITY;
-#pragma unroll
-      for (int nj = 0; nj < Tr::kNTilesS; ++nj)
-        m = fmaxf(m, fmaxf(s[mi][nj][2 * h], s[mi][nj][2 * h + 1]));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      if (quad == 0) warp_max[warp * Tr::kBlockM + 16 * mi + 8 * h + group] = m;
-    }
-}
-
-/// The online softmax of FlashAttention-1 (Algorithm 1, lines 10-12) for one K/V block, per
-/// row i of the Q block:
-/// \f[ m_i^{new} = \max(m_i, \max_w m_{i,w}),\quad P_{ij} = e^{c (S_{ij} - m_i^{new})},\quad
-///     \ell_i^{new} = e^{c (m_i - m_i^{new})} \ell_i + \sum_j P_{ij},\f]
+/// The online softmax of FlashAttention-2 for one K/V block, per row i of the Q block:
+/// \f[ m_i^{new} = \max(m_i, \max_j S_{ij}),\quad
+///     \ell_i \leftarrow e^{c (m_i - m_i^{new})} \ell_i + \sum_j P_{ij},\quad
+///     O_i \leftarrow e^{c (m_i - m_i^{new})} O_i,\quad P_{ij} = e^{c (S_{ij} - m_i^{new})} \f]
+/// with c the softmax scale. In base 2, \f$e^{c x} = 2^{x c \log_2 e}\f$, so with
+/// `scale_log2` \f$= c \log_2 e\f$ each probability is one FFMA and one ex2. The row max is
+/// reduced across the 4 lanes (a quad) that share a row. Each warp holds a quarter of a row's
+/// keys: it publishes its maxima in `warp_max` and, after a barrier, takes the max over all
+/// warps, so every warp keeps the same row_max; the row sums of the block go the same way
+/// through `warp_sum`, so every warp keeps the same, complete row_sum. FlashAttention-1's
+/// update (Algorithm 1, line 12) then keeps O normalized at every block:
 /// \f[ O_i \leftarrow \frac{\ell_i e^{c (m_i - m_i^{new})}}{\ell_i^{new}} O_i +
 ///     \sum_j \frac{P_{ij}}{\ell_i^{new}} V_j \f]
-/// with c the softmax scale and \f$m_{i,w}\f$ warp w's maximum from publish_row_max.
-/// (Algorithm 1 writes \f$e^{\tilde m - m^{new}} \tilde P\f$ with the block's own max
-/// \f$\tilde m\f$; that is the same \f$P\f$.) The block's row sums are reduced over the quad
-/// and published in `warp_sum`; after a barrier every warp adds the kNumWarps partial sums of
-/// each row in the same order, so every warp keeps the same full row_sum (and row_max). The
-/// factor for \f$O_i\f$ is returned in `o_scale` (o_acc lives in shared memory and is
-/// rescaled in accumulate_pv); the factor \f$1 / \ell^{new}\f$ of the new term is applied to
-/// P here, in fp32, before P is rounded for the mma. In base 2,
-/// \f$e^{c x} = 2^{x c \log_2 e}\f$, so with `scale_log2` \f$= c \log_2 e\f$ each
-/// probability is one FFMA and one ex2. A row with no visible key yet has \f$m = -\infty\f$:
-/// the subtracted max is then taken as 0 so that no \f$-\infty - (-\infty)\f$ makes a NaN,
-/// and \f$\ell^{new} = 0\f$ gives factors 0. On return s holds \f$P / \ell^{new}\f$ (fp32).
+/// The factor of \f$O_i\f$ goes to `o_scale`, for add_to_o_acc; P is multiplied by
+/// \f$1 / \ell^{new}\f$ here, in fp32, before it is rounded for the mma. A row
+/// with no visible key yet has \f$m = -\infty\f$: the subtracted max is then taken as 0
+/// so that no \f$-\infty - (-\infty)\f$ makes a NaN, and \f$\ell^{new} = 0\f$ gives factors 0.
+/// On return s holds \f$P / \ell^{new}\f$ (fp32).
 template <class Tr>
 __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTilesS][4],
                                                float (&row_max)[Tr::kMTiles][2],
                                                float (&row_sum)[Tr::kMTiles][2],
-                                               float (&o_scale)[Tr::kMTiles][2],
-                                               const float* warp_max, float* warp_sum,
-                                               float scale_log2, int warp, int lane) {
+                                               float (&o_scale)[Tr::kMTiles][2], float* warp_max,
+                                               float* warp_sum, float scale_log2, int warp,
+                                               int lane) {
   const int group = lane / 4, quad = lane % 4;
   float m_new[Tr::kMTiles][2];
 #pragma unroll
@@ -337,19 +301,29 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
     for (int h = 0; h < 2; ++h) {
       float m = row_max[mi][h];
 #pragma unroll
-      for (int w = 0; w < Tr::kNumWarps; ++w)
-        m = fmaxf(m, warp_max[w * Tr::kBlockM + 16 * mi + 8 * h + group]);
+      for (int nj = 0; nj < Tr::kNTilesS; ++nj)
+        m = fmaxf(m, fmaxf(s[mi][nj][2 * h], s[mi][nj][2 * h + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      if (quad == 0) warp_max[warp * Tr::kBlockM + 16 * mi + 8 * h + group] = m;
       m_new[mi][h] = m;
     }
+  __syncthreads();  // every warp's row maxima are published; each takes the max over all
+  {
 #pragma unroll
-  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+    for (int mi = 0; mi < Tr::kMTiles; ++mi)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
-      // exp(c (m_old - m_new)); 0 when the row had no visible key before (m_old = -inf).
-      const float rescale = fa::exp2_approx(row_max[mi][h] * scale_log2 - m_scaled);
-      row_sum[mi][h] *= rescale;
-    }
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int w = 0; w < Tr::kNumWarps; ++w)
+          m_new[mi][h] = fmaxf(m_new[mi][h], warp_max[w * Tr::kBlockM + 16 * mi + 8 * h + group]);
+        const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
+        // exp(c (m_old - m_new)); 0 when the row had no visible key before (m_old = -inf).
+        const float rescale = fa::exp2_approx(row_max[mi][h] * scale_log2 - m_scaled);
+        row_sum[mi][h] *= rescale;
+        o_scale[mi][h] = rescale;
+      }
+  }
 #pragma unroll
   for (int mi = 0; mi < Tr::kMTiles; ++mi)
 #pragma unroll
@@ -380,7 +354,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
         block_sum += warp_sum[w * Tr::kBlockM + 16 * mi + 8 * h + group];
       const float l_new = row_sum[mi][h] + block_sum;
       const float inv_l_new = l_new > 0.f ? 1.f / l_new : 0.f;
-      o_scale[mi][h] = row_sum[mi][h] * inv_l_new;
+      o_scale[mi][h] = row_sum[mi][h] * inv_l_new;  // l e^{c (m - m_new)} / l_new
       row_sum[mi][h] = l_new;
 #pragma unroll
       for (int nj = 0; nj < Tr::kNTilesS; ++nj)
@@ -389,77 +363,66 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
     }
 }
 
-/// \f$O \leftarrow \mathrm{diag}(o\_scale)\, O + \sum_w P_w V_w\f$, where warp w holds
-/// \f$P_w\f$, the probabilities of all kBlockM rows for its kWarpKeys keys, and O is the fp32
-/// o_acc in shared memory. The sum over warps is done in kNumWarps rounds: O is cut into
-/// kNumWarps column slices, and in round r warp w computes its partial product for slice
-/// \f$(w + r) \bmod W\f$ in registers and adds it into o_acc. The warps work on different
-/// slices in every round, so no atomics are needed; a barrier separates the rounds. The
-/// warp that takes a slice in round 0 also applies the rescale. Every element of O thus
-/// gets its rescale and its four partial products in a fixed order (deterministic).
-///
-/// P stays in registers: the accumulator fragments of the S tiles 2 kk and 2 kk + 1, rounded
-/// to T and packed in pairs, are the A fragment of the k16 step kk (a0 = rows 0-7 keys 0-7,
-/// a1 = rows 8-15 keys 0-7, a2 = rows 0-7 keys 8-15, a3 = rows 8-15 keys 8-15). V's
-/// fragments (this warp's key rows) come from shared memory through ldmatrix.trans. A lane
-/// adds float2 pairs at rows 16 mi + 8 h + group and columns 8 nd + 2 quad; o_acc rows are
-/// kOAccPitch = d + 8 floats apart, 8 banks, so the 16 lanes of a half-warp hit 32 different
-/// banks.
+/// \f$pv \mathrel{+}= P_w V_{j,w}\f$, this warp's keys only, O columns [col0, col0 + d / 4).
+/// P stays in registers: the accumulator fragments of the S
+/// tiles 2 kk and 2 kk + 1 (keys 16 kk ... 16 kk + 15), rounded to T and packed in pairs, are
+/// the A fragment of the k16 step kk (a0 = rows 0-7 keys 0-7, a1 = rows 8-15 keys 0-7,
+/// a2 = rows 0-7 keys 8-15, a3 = rows 8-15 keys 8-15). V's fragments come from shared memory
+/// through ldmatrix.trans.
 template <class Tr, typename T>
-__device__ __forceinline__ void accumulate_pv(float* o_acc, const float (&o_scale)[Tr::kMTiles][2],
+__device__ __forceinline__ void accumulate_pv(float (&pv)[Tr::kMTiles][Tr::kNTilesO][4],
                                               const float (&p)[Tr::kMTiles][Tr::kNTilesS][4],
-                                              const char* v_tile, int warp, int lane) {
+                                              const char* v_tile, int warp_key0, int col0,
+                                              int lane) {
   const uint32_t a_offset = a_lane_offset<Tr>(lane);
-  const int group = lane / 4, quad = lane % 4;
-  uint32_t p_frag[Tr::kWarpKeys / 16][Tr::kMTiles][4];
 #pragma unroll
-  for (int kk = 0; kk < Tr::kWarpKeys / 16; ++kk)
+  for (int kk = 0; kk < Tr::kWarpKeys / 16; ++kk) {
+    uint32_t p_frag[Tr::kMTiles][4];
 #pragma unroll
     for (int mi = 0; mi < Tr::kMTiles; ++mi) {
-      p_frag[kk][mi][0] = fa::pack2<T>(p[mi][2 * kk][0], p[mi][2 * kk][1]);
-      p_frag[kk][mi][1] = fa::pack2<T>(p[mi][2 * kk][2], p[mi][2 * kk][3]);
-      p_frag[kk][mi][2] = fa::pack2<T>(p[mi][2 * kk + 1][0], p[mi][2 * kk + 1][1]);
-      p_frag[kk][mi][3] = fa::pack2<T>(p[mi][2 * kk + 1][2], p[mi][2 * kk + 1][3]);
+      p_frag[mi][0] = fa::pack2<T>(p[mi][2 * kk][0], p[mi][2 * kk][1]);
+      p_frag[mi][1] = fa::pack2<T>(p[mi][2 * kk][2], p[mi][2 * kk][3]);
+      p_frag[mi][2] = fa::pack2<T>(p[mi][2 * kk + 1][0], p[mi][2 * kk + 1][1]);
+      p_frag[mi][3] = fa::pack2<T>(p[mi][2 * kk + 1][2], p[mi][2 * kk + 1][3]);
     }
 #pragma unroll
-  for (int round = 0; round < Tr::kNumWarps; ++round) {
-    const int col0 = (warp + round) % Tr::kNumWarps * Tr::kOSliceCols;
-    float pv[Tr::kMTiles][Tr::kNTilesO][4];
+    for (int nd = 0; nd < Tr::kNTilesO; nd += 2) {
+      uint32_t v_frag[2][2];
+      load_b_fragments_trans<Tr>(v_frag, v_tile, a_offset, warp_key0 / 16 + kk, col0 + 8 * nd);
 #pragma unroll
-    for (int mi = 0; mi < Tr::kMTiles; ++mi)
-#pragma unroll
-      for (int nd = 0; nd < Tr::kNTilesO; ++nd)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pv[mi][nd][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < Tr::kWarpKeys / 16; ++kk)
-#pragma unroll
-      for (int nd = 0; nd < Tr::kNTilesO; nd += 2) {
-        uint32_t v_frag[2][2];
-        load_b_fragments_trans<Tr>(v_frag, v_tile, a_offset, warp * Tr::kWarpKeys / 16 + kk,
-                                   col0 + 8 * nd);
-#pragma unroll
-        for (int mi = 0; mi < Tr::kMTiles; ++mi) {
-          fa::mma_m16n8k16<T>(pv[mi][nd], p_frag[kk][mi], v_frag[0]);
-          fa::mma_m16n8k16<T>(pv[mi][nd + 1], p_frag[kk][mi], v_frag[1]);
-        }
+      for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+        fa::mma_m16n8k16<T>(pv[mi][nd], p_frag[mi], v_frag[0]);
+        fa::mma_m16n8k16<T>(pv[mi][nd + 1], p_frag[mi], v_frag[1]);
       }
-    if (round > 0) __syncthreads();  // the previous round's adds to this slice are done
-#pragma unroll
-    for (int mi = 0; mi < Tr::kMTiles; ++mi)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
-          float2* const dst = reinterpret_cast<float2*>(
-              o_acc + (16 * mi + 8 * h + group) * Tr::kOAccPitch + col0 + 8 * nd + 2 * quad);
-          float2 o = *dst;
-          const float scale = round == 0 ? o_scale[mi][h] : 1.f;
-          o.x = fmaf(o.x, scale, pv[mi][nd][2 * h]);
-          o.y = fmaf(o.y, scale, pv[mi][nd][2 * h + 1]);
-          *dst = o;
-        }
+    }
   }
+}
+
+/// Round `round` of \f$O \leftarrow \mathrm{diag}(o\_scale)\, O + \sum_w P_w V_{j,w}\f$ on the
+/// fp32 o_acc in shared memory: this warp adds its `pv` of columns [col0, col0 + d / 4). The
+/// warps hold different slices in every round (no atomics; a barrier between rounds), and
+/// the warp of round 0 applies the rescale: a fixed order, deterministic. o_acc rows are
+/// d + 8 floats (8 banks) apart: a half-warp's float2 adds hit 32 different banks.
+template <class Tr>
+__device__ __forceinline__ void add_to_o_acc(float* o_acc, const float (&o_scale)[Tr::kMTiles][2],
+                                             const float (&pv)[Tr::kMTiles][Tr::kNTilesO][4],
+                                             int col0, int round, int lane) {
+  const int group = lane / 4, quad = lane % 4;
+  if (round > 0) __syncthreads();  // the previous round's adds to this slice are done
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
+        float2* const dst = reinterpret_cast<float2*>(
+            o_acc + (16 * mi + 8 * h + group) * Tr::kOAccPitch + col0 + 8 * nd + 2 * quad);
+        float2 o = *dst;
+        const float scale = round == 0 ? o_scale[mi][h] : 1.f;
+        o.x = fmaf(o.x, scale, pv[mi][nd][2 * h]);
+        o.y = fmaf(o.y, scale, pv[mi][nd][2 * h + 1]);
+        *dst = o;
+      }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -467,16 +430,17 @@ __device__ __forceinline__ void accumulate_pv(float* o_acc, const float (&o_scal
 // ------------------------------------------------------------------------------------------
 
 /// Finishes the Q block of rows [row0, row0 + kBlockM) of (batch, head): writes
-/// \f$O_i = o_i\f$ (already normalized) and, when args.lse is not null,
-/// \f$L_i = c\, m_i + \ln \ell_i\f$ (natural log of the scaled scores, c = args.scale).
+/// \f$O_i = o_i\f$ (already normalized) and, when args.lse is not
+/// null, \f$L_i = c\, m_i + \ln \ell_i\f$ (natural log of the scaled scores, c = args.scale).
 /// A row that saw no key (\f$\ell_i = 0\f$) has \f$O_i = 0\f$ and gets \f$L_i = +\infty\f$.
-/// O is read row by row from the fp32 o_acc in shared memory so that the global stores are
-/// whole, coalesced 16-byte chunks; rows at or past \f$N_q\f$ (a ragged last Q block) are not
-/// stored.
+/// row_sum and row_max, the same in every warp, reach the row-by-row loop through `stats`
+/// (shared memory). O is read row by row from the fp32 o_acc in shared memory so that
+/// the global stores are whole, coalesced 16-byte chunks; rows at or past \f$N_q\f$ (a ragged
+/// last Q block) are not stored.
 template <class Tr, typename T>
 __device__ __forceinline__ void store_o_and_lse(const float* o_acc,
                                                 float (&row_max)[Tr::kMTiles][2],
-                                                float (&row_sum)[Tr::kMTiles][2],
+                                                float (&row_sum)[Tr::kMTiles][2], float* stats,
                                                 const fa_fwd_args& args, int batch, int head,
                                                 int row0, int warp, int tid) {
   const int seqlen = args.seqlen_q;
@@ -487,19 +451,16 @@ __device__ __forceinline__ void store_o_and_lse(const float* o_acc,
                          : args.lse + (static_cast<int64_t>(batch) * args.heads + head) * seqlen;
   const int lane = tid % 32;
   const int group = lane / 4, quad = lane % 4;
-  __syncthreads();  // every warp's o_acc adds are in shared memory
-  // Every warp holds the same row_max and row_sum; warp 0 writes L.
-  if (lse != nullptr && warp == 0 && quad == 0) {
 #pragma unroll
-    for (int mi = 0; mi < Tr::kMTiles; ++mi)
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int tile_row = 16 * mi + 8 * h + group;
-        const float sum = row_sum[mi][h];
-        if (row0 + tile_row < seqlen)
-          lse[row0 + tile_row] = sum > 0.f ? row_max[mi][h] * args.scale + logf(sum) : INFINITY;
+    for (int h = 0; h < 2; ++h) {
+      if (quad == 0 && warp == 0) {  // every warp holds the same row_sum and row_max
+        stats[16 * mi + 8 * h + group] = row_sum[mi][h];
+        stats[Tr::kNumWarps * Tr::kBlockM + 16 * mi + 8 * h + group] = row_max[mi][h];
       }
-  }
+    }
+  __syncthreads();  // every warp's o_acc adds, row_sum and row_max are in `stats`
   constexpr int kRowsPerPass = Tr::kNumThreads / Tr::kChunksPerRow;
   const int chunk = tid % Tr::kChunksPerRow;
   const int tile_row = tid / Tr::kChunksPerRow;
@@ -509,6 +470,11 @@ __device__ __forceinline__ void store_o_and_lse(const float* o_acc,
 #pragma unroll
   for (int pass = 0; pass < Tr::kBlockM / kRowsPerPass; ++pass) {
     if (row + pass * kRowsPerPass < seqlen) {
+      const int r = tile_row + pass * kRowsPerPass;
+      const float sum = stats[r];
+      if (lse != nullptr && chunk == 0)
+        lse[row0 + r] =
+            sum > 0.f ? stats[Tr::kNumWarps * Tr::kBlockM + r] * args.scale + logf(sum) : INFINITY;
       const float* const o_row = src + pass * kRowsPerPass * Tr::kOAccPitch;
       const float4 lo = *reinterpret_cast<const float4*>(o_row);
       const float4 hi = *reinterpret_cast<const float4*>(o_row + 4);
@@ -528,33 +494,29 @@ __device__ __forceinline__ void store_o_and_lse(const float* o_acc,
 // ------------------------------------------------------------------------------------------
 
 /// FlashAttention forward with the loops swapped, warps split K. One thread block per
-/// (Q block, head, batch); warp w owns keys [16 w, 16 w + 16) of every K/V block and sees all
-/// Q rows. Per K/V block j, each warp computes \f$S_w = Q K_{j,w}^T\f$ and masks it; the warps
-/// exchange their row maxima and row sums through shared memory (two barriers); each warp
-/// updates its copy of the online softmax and adds \f$P_w V_{j,w} / \ell^{new}\f$ into the
-/// shared o_acc, which stays normalized, in 4 rounds (3 barriers). K and V have two
-/// shared-memory stages: at the top of block j (one barrier) the thread block starts loading
-/// \f$K_{j+1}, V_{j+1}\f$ into the stage that block j - 1 just left, and they land while
-/// block j is computed. `group_pairs` sets the order of the thread blocks (see launch()).
+/// (Q block, head, batch); warp w owns a quarter of the keys of every K/V block and all Q
+/// rows. Per K/V block j, each warp computes \f$S_w = Q K_{j,w}^T\f$, masks, updates its copy
+/// of the online softmax (row maxima and row sums exchanged through shared memory, two
+/// barriers) and adds \f$P_w V_{j,w} / \ell^{new}\f$ into the shared o_acc, which stays
+/// normalized, in 4 rounds (3 barriers).
+/// K and V have two shared-memory stages: at the top of block j (one
+/// barrier) the thread block starts loading \f$K_{j+1}, V_{j+1}\f$ into the stage that block
+/// j - 1 just left, and they land while block j is computed.
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, Traits<kHeadDim>::kMinBlocksPerSm)
-    flash_forward_kernel(const fa_fwd_args args, const float scale_log2, const int group_pairs) {
+__global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
+    flash_forward_kernel(const fa_fwd_args args, const float scale_log2) {
   using Tr = Traits<kHeadDim>;
   extern __shared__ __align__(128) char smem[];
   char* const q_tile = smem;
   char* const kv_stages = smem + Tr::kQBytes;  // stage s: K tile, then V tile
   float* const o_acc = reinterpret_cast<float*>(kv_stages + 2 * Tr::kStageBytes);
-  float* const warp_max = o_acc + Tr::kBlockM * Tr::kOAccPitch;    // [kNumWarps][kBlockM]
-  float* const warp_sum = warp_max + Tr::kNumWarps * Tr::kBlockM;  // [kNumWarps][kBlockM]
+  float* const warp_max = o_acc + Tr::kBlockM * Tr::kOAccPitch;          // [kNumWarps + 1][kBlockM]
+  float* const warp_sum = warp_max + (Tr::kNumWarps + 1) * Tr::kBlockM;  // [kNumWarps][kBlockM]
 
   // Which (q_block, head, batch) this thread block computes, in the order launch() explains.
   const int num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-  const int num_pairs = args.batch * args.heads;
-  const int group = blockIdx.x / (group_pairs * num_q_blocks);
-  const int in_group = blockIdx.x - group * group_pairs * num_q_blocks;
-  const int pairs_in_group = min(group_pairs, num_pairs - group * group_pairs);
-  const int q_block = num_q_blocks - 1 - in_group / pairs_in_group;  // last Q blocks first
-  const int pair = group * group_pairs + in_group % pairs_in_group;
+  const int q_block = blockIdx.x % num_q_blocks;
+  const int pair = blockIdx.x / num_q_blocks;
   const int head = pair % args.heads;
   const int batch = pair / args.heads;
   const int head_kv = head / (args.heads / args.heads_kv);
@@ -573,8 +535,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, Traits<kHeadDim
   const T* const v = static_cast<const T*>(args.v.ptr) + batch * args.v.batch_stride +
                      head_kv * args.v.head_stride;
 
-  // On-chip state for the whole K/V loop: o_acc in shared memory (made visible by the first
-  // barrier of the loop), and in every warp its own copy of all rows' row_max and row_sum.
+  // On-chip state for the whole K/V loop: o_acc (shared), each warp's row_max and row_sum.
   float row_max[Tr::kMTiles][2];
   float row_sum[Tr::kMTiles][2];
 #pragma unroll
@@ -613,21 +574,25 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, Traits<kHeadDim
 
     float s[Tr::kMTiles][Tr::kNTilesS][4];
     compute_scores<Tr, T>(s, q_tile, k_tile, warp_key0, lane);
-    // Under causal masking every block is masked element by element (step 06 skips the
-    // blocks above the diagonal and masks only the ones that cross it).
+    // Under causal masking every block is masked element by element, also the ones above the
+    // diagonal, which come out fully masked (P = 0).
     const bool needs_mask = args.causal || kv_start + Tr::kBlockN > seqlen_k;
     if (needs_mask)
       apply_mask<Tr>(s, q_start + lane / 4, kv_start + warp_key0, seqlen_q, seqlen_k, args.causal,
                      lane);
-    publish_row_max<Tr>(s, warp_max, warp, lane);
-    __syncthreads();  // every warp's row maxima are published
 
     float o_scale[Tr::kMTiles][2];
     online_softmax<Tr>(s, row_max, row_sum, o_scale, warp_max, warp_sum, scale_log2, warp, lane);
-    accumulate_pv<Tr, T>(o_acc, o_scale, s, v_tile, warp, lane);
+#pragma unroll
+    for (int round = 0; round < Tr::kNumWarps; ++round) {  // warp w: slice (w + round) % 4
+      const int col0 = (warp + round) % Tr::kNumWarps * Tr::kNTilesO * 8;
+      float pv[Tr::kMTiles][Tr::kNTilesO][4] = {};
+      accumulate_pv<Tr, T>(pv, s, v_tile, warp_key0, col0, lane);
+      add_to_o_acc<Tr>(o_acc, o_scale, pv, col0, round, lane);
+    }
   }
 
-  store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, args, batch, head, q_start, warp, tid);
+  store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, warp_max, args, batch, head, q_start, warp, tid);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -635,14 +600,9 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, Traits<kHeadDim
 // ------------------------------------------------------------------------------------------
 
 /// Launches the kernel for one dtype and head dimension: one thread block per (Q block, head,
-/// batch), in a one-dimensional grid whose order the kernel decodes. The (batch, head) pairs
-/// are taken in groups; inside a group the thread blocks start with the last Q block of every
-/// pair, then the one before it, and so on. Under causal masking the last Q blocks do the
-/// most work, so the longest thread blocks start first and the short ones fill the tail of
-/// the grid. A group holds at least 4 waves of resident thread blocks, enough for that order
-/// to balance the SMs, and no more pairs than that, so that the thread blocks that read the
-/// same K and V run at the same time and share them in L2. Without causal masking every
-/// thread block has the same work and a group is one pair: one head's Q blocks run together.
+/// batch), in a one-dimensional grid that the kernel decodes, the Q blocks of one (batch,
+/// head) pair next to each other, so that the thread blocks that read the same K and V run
+/// at the same time and share them in L2.
 template <typename T, int kHeadDim>
 fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   using Tr = Traits<kHeadDim>;
@@ -655,22 +615,10 @@ fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   const int64_t num_pairs = static_cast<int64_t>(args.batch) * args.heads;
   if (num_q_blocks * num_pairs > INT32_MAX)
     return fa::set_error(FA_ERR_UNSUPPORTED, "%s: more than 2^31 - 1 thread blocks", FA_STEP_NAME);
-  int64_t group_pairs = 1;
-  if (args.causal) {
-    int device = 0, num_sms = 0, blocks_per_sm = 0;
-    FA_CUDA_TRY(cudaGetDevice(&device));
-    FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-    FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
-                                                              Tr::kNumThreads, Tr::kSmemBytes));
-    const int64_t resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
-    const int64_t num_groups = std::max<int64_t>(1, num_q_blocks * num_pairs / (4 * resident));
-    group_pairs = (num_pairs + num_groups - 1) / num_groups;
-  }
   const dim3 grid(static_cast<unsigned>(num_q_blocks * num_pairs));
   constexpr double kLog2e = 1.4426950408889634;
   const float scale_log2 = static_cast<float>(args.scale * kLog2e);
-  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2,
-                                                            static_cast<int>(group_pairs));
+  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2);
   FA_LAUNCH_TRY();
   return FA_OK;
 }

@@ -1,23 +1,18 @@
 /// \file 05_split_q/kernel.cu
-/// \brief Step 05: the warps split the Q block's rows, not K (FlashAttention-2, sec. 3.3).
+/// \brief Step 05: the warps split the Q block's rows, not its keys (FlashAttention-2,
+/// sec. 3.3).
 ///
 /// What this step adds to step 04:
-/// - Each of the 4 warps owns its own 32 rows of the 128-row Q block and sees the whole K/V
-///   tile. Its scores \f$S_w = Q_w K^T\f$, its softmax statistics (row_max, row_sum) and its
-///   rows of the output accumulator o_acc are complete inside the warp: no partial results
-///   are exchanged through shared memory and the only barrier left is the one per K/V block
-///   that protects the shared K and V tiles.
-/// - \f$P\f$ never leaves the registers: the fp32 accumulator fragment of \f$S\f$, rounded
-///   to fp16/bf16, is exactly the A-operand fragment of the \f$P V\f$ mma.
-/// - Loads overlap compute: K and V have two shared-memory stages, and the next block's K and
-///   V tiles are fetched into one while the current block is computed from the other.
+/// - Each of the 4 warps owns its rows of the Q block and sees the whole K/V tile, so its S,
+///   softmax statistics and o_acc rows are complete in the warp: o_acc moves into registers,
+///   the warps exchange nothing, the one barrier per K/V block guards the K/V stages, and O
+///   leaves through the Q tile.
+/// - Riders, each a switch so that README.md measures it alone: the 128-row Q block that a
+///   register o_acc allows (`-DFA_FWD_BLOCK_M=64` for 64 rows), and no o_acc rescale when no
+///   row max of the warp grew (`-DFA_RESCALE_SKIP=0` turns that off).
 ///
-/// Everything else is step 04: one thread block per (Q block, head, batch), an inner loop
-/// over all K/V blocks, the unnormalized o_acc rescaled by \f$e^{m_{old} - m_{new}}\f$ per
-/// block and divided by row_sum once at the end, and the logsumexp
-/// \f$L = m + \log \ell\f$ stored for the backward. Causal attention is still done by
-/// masking: every K/V block is loaded and computed, those above the diagonal come out fully
-/// masked (step 06 skips them).
+/// Everything else is step 04.
+/// Causal attention is done by masking: every block is computed.
 ///
 /// Run: `./build/bin/05_split_q --seqlen 4096 --head-dim 128`
 #include <cuda_bf16.h>
@@ -39,15 +34,19 @@ namespace {
 // Tile configuration
 // ------------------------------------------------------------------------------------------
 
-// Tuning knobs: K/V rows per block for each head dimension (multiples of 16). The defaults
-// are FlashAttention-2's tiles, the fastest measured on the H200 (see NOTES.md), although
-// ptxas keeps a few loop-invariant registers in local memory with them; e.g.
-// -DFA_FWD_BLOCK_N_D128=32 builds the largest d = 128 tile that spills nothing.
+// Tuning knobs: K/V rows per block for each head dimension. The defaults are FlashAttention-2's
+// \f$B_c\f$; NOTES.md has what other values measured and what they cost in registers.
 #ifndef FA_FWD_BLOCK_N_D64
 #define FA_FWD_BLOCK_N_D64 128
 #endif
 #ifndef FA_FWD_BLOCK_N_D128
 #define FA_FWD_BLOCK_N_D128 64
+#endif
+#ifndef FA_FWD_BLOCK_M
+#define FA_FWD_BLOCK_M 128  // rider (see the file comment): Q rows per block
+#endif
+#ifndef FA_RESCALE_SKIP
+#define FA_RESCALE_SKIP 1  // rider (see the file comment): skip a rescale by 1
 #endif
 
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
@@ -61,11 +60,11 @@ template <int kHeadDim>
 struct TileShape;
 template <>
 struct TileShape<64> {
-  static constexpr int kBlockM = 128, kBlockN = FA_FWD_BLOCK_N_D64, kNumWarps = 4;
+  static constexpr int kBlockM = FA_FWD_BLOCK_M, kBlockN = FA_FWD_BLOCK_N_D64, kNumWarps = 4;
 };
 template <>
 struct TileShape<128> {
-  static constexpr int kBlockM = 128, kBlockN = FA_FWD_BLOCK_N_D128, kNumWarps = 4;
+  static constexpr int kBlockM = FA_FWD_BLOCK_M, kBlockN = FA_FWD_BLOCK_N_D128, kNumWarps = 4;
 };
 
 /// Every size the kernel derives from the tile shape, in one place.
@@ -248,8 +247,8 @@ __device__ __forceinline__ void compute_scores(float (&s)[Tr::kMTiles][Tr::kNTil
 
 /// Sets \f$S_{ij} = -\infty\f$ where key j does not exist (\f$j \ge N_k\f$, the ragged last
 /// block) or, under causal masking, where \f$j > i + N_k - N_q\f$ (bottom-right aligned).
-/// `q_row0` is the sequence position of this thread's first row (tile row warp_row0 + group);
-/// a thread holds rows q_row0 + 16 mi + 8 h, and keys kv_start + 8 nj + 2 quad + {0, 1}.
+/// `q_row0` is the sequence position of the first row this thread holds (row `group` of its
+/// warp's rows); it holds rows q_row0 + 16 mi + 8 h, and keys kv_start + 8 nj + 2 quad + {0, 1}.
 template <class Tr>
 __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS][4], int q_row0,
                                            int kv_start, int seqlen_q, int seqlen_k, bool causal,
@@ -304,7 +303,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
       max_grew |= m > row_max[mi][h];
       m_new[mi][h] = m;
     }
-  if (__any_sync(0xffffffffu, max_grew)) {
+  if (!FA_RESCALE_SKIP || __any_sync(0xffffffffu, max_grew)) {
 #pragma unroll
     for (int mi = 0; mi < Tr::kMTiles; ++mi)
 #pragma unroll
@@ -442,11 +441,10 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
 /// \f$S = Q_w K_j^T\f$, masks, updates its online softmax and \f$O_w \mathrel{+}= P V_j\f$,
 /// all in registers. K and V have two shared-memory stages: at the top of block j (one
 /// barrier) the thread block starts loading \f$K_{j+1}, V_{j+1}\f$ into the stage that block
-/// j - 1 just left, and they land while block j is computed. `group_pairs` sets the order of
-/// the thread blocks (see launch()).
+/// j - 1 just left, and they land while block j is computed.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
-    flash_forward_kernel(const fa_fwd_args args, const float scale_log2, const int group_pairs) {
+    flash_forward_kernel(const fa_fwd_args args, const float scale_log2) {
   using Tr = Traits<kHeadDim>;
   extern __shared__ __align__(128) char smem[];
   char* const q_tile = smem;
@@ -454,12 +452,8 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 
   // Which (q_block, head, batch) this thread block computes, in the order launch() explains.
   const int num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-  const int num_pairs = args.batch * args.heads;
-  const int group = blockIdx.x / (group_pairs * num_q_blocks);
-  const int in_group = blockIdx.x - group * group_pairs * num_q_blocks;
-  const int pairs_in_group = min(group_pairs, num_pairs - group * group_pairs);
-  const int q_block = num_q_blocks - 1 - in_group / pairs_in_group;  // last Q blocks first
-  const int pair = group * group_pairs + in_group % pairs_in_group;
+  const int q_block = blockIdx.x % num_q_blocks;
+  const int pair = blockIdx.x / num_q_blocks;
   const int head = pair % args.heads;
   const int batch = pair / args.heads;
   const int head_kv = head / (args.heads / args.heads_kv);
@@ -519,8 +513,8 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 
     float s[Tr::kMTiles][Tr::kNTilesS][4];
     compute_scores<Tr, T>(s, q_tile, k_tile, warp_row0, lane);
-    // Under causal masking every block is masked element by element (step 06 skips the
-    // blocks above the diagonal and masks only the ones that cross it).
+    // Under causal masking every block is masked element by element, also the ones above the
+    // diagonal, which come out fully masked (P = 0).
     const bool needs_mask = args.causal || kv_start + Tr::kBlockN > seqlen_k;
     if (needs_mask)
       apply_mask<Tr>(s, q_start + warp_row0 + lane / 4, kv_start, seqlen_q, seqlen_k, args.causal,
@@ -539,14 +533,9 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 // ------------------------------------------------------------------------------------------
 
 /// Launches the kernel for one dtype and head dimension: one thread block per (Q block, head,
-/// batch), in a one-dimensional grid whose order the kernel decodes. The (batch, head) pairs
-/// are taken in groups; inside a group the thread blocks start with the last Q block of every
-/// pair, then the one before it, and so on. Under causal masking the last Q blocks do the
-/// most work, so the longest thread blocks start first and the short ones fill the tail of
-/// the grid. A group holds at least 4 waves of resident thread blocks, enough for that order
-/// to balance the SMs, and no more pairs than that, so that the thread blocks that read the
-/// same K and V run at the same time and share them in L2. Without causal masking every
-/// thread block has the same work and a group is one pair: one head's Q blocks run together.
+/// batch), in a one-dimensional grid that the kernel decodes, the Q blocks of one (batch,
+/// head) pair next to each other, so that the thread blocks that read the same K and V run
+/// at the same time and share them in L2.
 template <typename T, int kHeadDim>
 fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   using Tr = Traits<kHeadDim>;
@@ -559,22 +548,10 @@ fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   const int64_t num_pairs = static_cast<int64_t>(args.batch) * args.heads;
   if (num_q_blocks * num_pairs > INT32_MAX)
     return fa::set_error(FA_ERR_UNSUPPORTED, "%s: more than 2^31 - 1 thread blocks", FA_STEP_NAME);
-  int64_t group_pairs = 1;
-  if (args.causal) {
-    int device = 0, num_sms = 0, blocks_per_sm = 0;
-    FA_CUDA_TRY(cudaGetDevice(&device));
-    FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-    FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
-                                                              Tr::kNumThreads, Tr::kSmemBytes));
-    const int64_t resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
-    const int64_t num_groups = std::max<int64_t>(1, num_q_blocks * num_pairs / (4 * resident));
-    group_pairs = (num_pairs + num_groups - 1) / num_groups;
-  }
   const dim3 grid(static_cast<unsigned>(num_q_blocks * num_pairs));
   constexpr double kLog2e = 1.4426950408889634;
   const float scale_log2 = static_cast<float>(args.scale * kLog2e);
-  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2,
-                                                            static_cast<int>(group_pairs));
+  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2);
   FA_LAUNCH_TRY();
   return FA_OK;
 }
@@ -600,5 +577,5 @@ bool supports_head_dim(int d) {
 
 }  // namespace
 
-FA_REGISTER_STEP("FA2 forward: warps split Q rows, P stays in registers, loads overlap mma",
+FA_REGISTER_STEP("FA2 forward: warps split Q rows, o_acc in registers, no exchange between warps",
                  forward, nullptr, supports_head_dim);

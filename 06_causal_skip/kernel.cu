@@ -1,6 +1,6 @@
 /// \file 06_causal_skip/kernel.cu
-/// \brief Step 06: under causal masking, skip the K/V blocks above the diagonal
-/// (FlashAttention-2, sec. 3.1.1).
+/// \brief Step 06: under causal masking, skip the K/V blocks above the diagonal and start the
+/// longest thread blocks first (FlashAttention-2, sec. 3.1.1).
 ///
 /// What this step adds to step 05:
 /// - Under causal masking, query row i sees key j only if \f$j \le i + N_k - N_q\f$. A Q
@@ -12,10 +12,11 @@
 ///   block of \f$N_k\f$. Every other block runs the mask-free path.
 /// - A Q block that sees no key at all (possible when \f$N_q > N_k\f$) loads nothing and
 ///   writes \f$O = 0\f$ and \f$L = +\infty\f$ at once.
+/// - The work order this calls for: the last Q blocks of a head now do the most work, so the
+///   grid starts them first, in groups of heads (launch()).
 ///
-/// Everything else is step 05: 4 warps split the Q block's rows, each warp's S, softmax
-/// statistics and o_acc stay in its registers, P feeds the \f$P V\f$ mma from registers, and
-/// the K and V tile loads overlap the two matrix products.
+/// Everything else is step 05, with its two riders fixed on (the 128-row Q block and the
+/// skipped o_acc rescale).
 ///
 /// Run: `./build/bin/06_causal_skip --seqlen 4096 --head-dim 128 --causal`
 #include <cuda_bf16.h>
@@ -37,10 +38,8 @@ namespace {
 // Tile configuration
 // ------------------------------------------------------------------------------------------
 
-// Tuning knobs: K/V rows per block for each head dimension (multiples of 16). The defaults
-// are FlashAttention-2's tiles, the fastest measured on the H200 (see NOTES.md), although
-// ptxas keeps a few loop-invariant registers in local memory with them; e.g.
-// -DFA_FWD_BLOCK_N_D128=32 builds the largest d = 128 tile that spills nothing.
+// Tuning knobs: K/V rows per block for each head dimension. The defaults are FlashAttention-2's
+// \f$B_c\f$; NOTES.md has what other values measured and what they cost in registers.
 #ifndef FA_FWD_BLOCK_N_D64
 #define FA_FWD_BLOCK_N_D64 128
 #endif
@@ -246,8 +245,8 @@ __device__ __forceinline__ void compute_scores(float (&s)[Tr::kMTiles][Tr::kNTil
 
 /// Sets \f$S_{ij} = -\infty\f$ where key j does not exist (\f$j \ge N_k\f$, the ragged last
 /// block) or, under causal masking, where \f$j > i + N_k - N_q\f$ (bottom-right aligned).
-/// `q_row0` is the sequence position of this thread's first row (tile row warp_row0 + group);
-/// a thread holds rows q_row0 + 16 mi + 8 h, and keys kv_start + 8 nj + 2 quad + {0, 1}.
+/// `q_row0` is the sequence position of the first row this thread holds (row `group` of its
+/// warp's rows); it holds rows q_row0 + 16 mi + 8 h, and keys kv_start + 8 nj + 2 quad + {0, 1}.
 template <class Tr>
 __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS][4], int q_row0,
                                            int kv_start, int seqlen_q, int seqlen_k, bool causal,

@@ -2,7 +2,8 @@
 /// \brief The runner every step folder builds (compiled once per step with FA_RUNNER_STEP):
 /// one problem, checked against the fp64 oracle, timed, with TFLOP/s and both ceilings.
 ///
-/// Exit codes: 0 ok, 1 the check failed or the GPU/kernel failed, 2 bad flags or a problem
+/// Exit codes: 0 ok (or the step cannot run on this GPU, e.g. an sm_90a step on another GPU:
+/// one line says so), 1 the check failed or the GPU/kernel failed, 2 bad flags or a problem
 /// the step rejects (the message says why).
 #include <chrono>
 #include <cstdio>
@@ -68,6 +69,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: no usable CUDA GPU (%s); the kernels need an sm_80+ GPU\n",
                  step.c_str(), why.c_str());
     return 1;
+  }
+  if (fa_step_check_device(step.c_str()) != FA_OK) {
+    std::printf("%s: skipped: %s\n", step.c_str(), fa_last_error());
+    return 0;
   }
   if (opt.seed == 0)
     opt.seed = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count() %

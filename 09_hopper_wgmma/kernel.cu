@@ -183,12 +183,13 @@ __device__ __forceinline__ void load_q_k_v(char* q_tile, char* k_stages, char* v
 // The algorithm: S = Q K^T, mask, online softmax, O += P V (all per consumer warpgroup)
 // ------------------------------------------------------------------------------------------
 
-/// \f$S_w = Q_w K_j^T\f$ for this warpgroup's 64 query rows (starting at tile row `wg_row0`)
-/// and all kBlockN keys of the K tile, unscaled, in fp32 accumulator fragments: s[0][nj] is
-/// the m16n8 tile of this warp's 16 rows and keys 8 nj (the wgmma accumulator layout is, per
-/// warp, that of step 06's mma). One wgmma per 16 columns of d, both operands from shared
-/// memory: the descriptor of k-step k points 32 bytes further into the panel (the hardware
-/// applies the swizzle to the address), and to the next panel every 4 steps.
+/// Starts \f$S_w = Q_w K_j^T\f$ for this warpgroup's 64 query rows (starting at tile row
+/// `wg_row0`) and all kBlockN keys of the K tile, unscaled, in fp32 accumulator fragments:
+/// s[0][nj] is the m16n8 tile of this warp's 16 rows and keys 8 nj (the wgmma accumulator
+/// layout is, per warp, that of step 06's mma). One wgmma per 16 columns of d, both operands
+/// read from shared memory through descriptors: k-step k starts 32 bytes further into the
+/// 128-byte panel row (the hardware applies the swizzle to the address it computes), and in
+/// the next panel every 4 steps. Asynchronous: s is valid after fa::wgmma_wait().
 template <class Tr, typename T>
 __device__ __forceinline__ void compute_scores(float (&s)[Tr::kMTiles][Tr::kNTilesS][4],
                                                const char* q_tile, const char* k_tile,
@@ -206,8 +207,6 @@ __device__ __forceinline__ void compute_scores(float (&s)[Tr::kMTiles][Tr::kNTil
     fa::wgmma_ss<T, Tr::kBlockN>(s[0], desc_q, desc_k, k_step > 0);  // step 0 overwrites S
   }
   fa::wgmma_commit();
-  fa::wgmma_wait<0>();
-  fa::fence_operand(s[0]);
 }
 
 /// Sets \f$S_{ij} = -\infty\f$ where key j does not exist (\f$j \ge N_k\f$, the ragged last
@@ -303,19 +302,13 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
     }
 }
 
-/// \f$O_w \mathrel{+}= P_w V_j\f$ for this warpgroup's 64 rows. P stays in registers: the
-/// accumulator fragments of the S tiles 2 kk and 2 kk + 1 (keys 16 kk ... 16 kk + 15), rounded
-/// to T and packed in pairs, are the wgmma A operand of k-step kk (a0 = rows 0-7 keys 0-7,
-/// a1 = rows 8-15 keys 0-7, a2 = rows 0-7 keys 8-15, a3 = rows 8-15 keys 8-15, per warp).
-/// V comes from shared memory as it landed, key by key: B of \f$P V\f$ is V with its rows
-/// along k, so the descriptor says "N-major" (transposed B) and the hardware reads V
-/// column-wise without a transposed copy. Per k-step 16 keys = two groups of 8 rows 1024 bytes
-/// apart; along d the 64-column panels are kBlockN x 128 bytes apart.
+/// P as the A operand of \f$P V\f$: the accumulator fragments of the S tiles 2 kk and 2 kk + 1
+/// (keys 16 kk ... 16 kk + 15), rounded to T and packed in pairs, are the wgmma A fragment of
+/// k-step kk (per warp: a0 = rows 0-7 keys 0-7, a1 = rows 8-15 keys 0-7, a2 = rows 0-7 keys
+/// 8-15, a3 = rows 8-15 keys 8-15), exactly as for step 06's mma. P never leaves registers.
 template <class Tr, typename T>
-__device__ __forceinline__ void accumulate_pv(float (&o_acc)[Tr::kMTiles][Tr::kNTilesO][4],
-                                              const float (&p)[Tr::kMTiles][Tr::kNTilesS][4],
-                                              const char* v_tile) {
-  uint32_t p_frag[Tr::kBlockN / 16][4];
+__device__ __forceinline__ void pack_p(const float (&p)[Tr::kMTiles][Tr::kNTilesS][4],
+                                       uint32_t (&p_frag)[Tr::kBlockN / 16][4]) {
 #pragma unroll
   for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
     p_frag[kk][0] = fa::pack2<T>(p[0][2 * kk][0], p[0][2 * kk][1]);
@@ -323,6 +316,18 @@ __device__ __forceinline__ void accumulate_pv(float (&o_acc)[Tr::kMTiles][Tr::kN
     p_frag[kk][2] = fa::pack2<T>(p[0][2 * kk + 1][0], p[0][2 * kk + 1][1]);
     p_frag[kk][3] = fa::pack2<T>(p[0][2 * kk + 1][2], p[0][2 * kk + 1][3]);
   }
+}
+
+/// Starts \f$O_w \mathrel{+}= P_w V_j\f$ for this warpgroup's 64 rows: one wgmma per 16 keys,
+/// A = P from registers (pack_p()), B = V from shared memory as it landed, key by key. B of
+/// \f$P V\f$ has its k index (the key) along V's rows, so the descriptor says "N-major"
+/// (transposed B) and the hardware reads V column-wise without a transposed copy: per k-step,
+/// 16 keys are two groups of 8 rows 1024 bytes apart, and along d the 64-column panels are
+/// kBlockN x 128 bytes apart. Asynchronous: o_acc is valid after fa::wgmma_wait().
+template <class Tr, typename T>
+__device__ __forceinline__ void accumulate_pv(float (&o_acc)[Tr::kMTiles][Tr::kNTilesO][4],
+                                              uint32_t (&p_frag)[Tr::kBlockN / 16][4],
+                                              const char* v_tile) {
   const uint32_t v_base = fa::smem_u32(v_tile);
   fa::fence_operand(p_frag);
   fa::fence_operand(o_acc[0]);
@@ -334,8 +339,6 @@ __device__ __forceinline__ void accumulate_pv(float (&o_acc)[Tr::kMTiles][Tr::kN
     fa::wgmma_rs<T, Tr::kHeadDim, /*kTransB=*/1>(o_acc[0], p_frag[kk], desc_v, 1);
   }
   fa::wgmma_commit();
-  fa::wgmma_wait<0>();
-  fa::fence_operand(o_acc[0]);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -515,6 +518,8 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, 1)
         float s[Tr::kMTiles][Tr::kNTilesS][4];
         fa::mbarrier_wait(&bar->k_full[stage], parity);  // K_j has landed
         compute_scores<Tr, T>(s, q_tile, k_tile, wg_row0);
+        fa::wgmma_wait<0>();
+        fa::fence_operand(s[0]);
         if (lane == 0) fa::mbarrier_arrive(&bar->k_empty[stage]);  // this warp is done with K_j
         // Only the blocks that cross the diagonal (some key past the first row's key_end) and
         // the ragged last block need the mask; all others take the mask-free path.
@@ -525,8 +530,12 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, 1)
                          args.causal, lane);
 
         online_softmax<Tr>(s, row_max, row_sum, o_acc, scale_log2);
+        uint32_t p_frag[Tr::kBlockN / 16][4];
+        pack_p<Tr, T>(s, p_frag);
         fa::mbarrier_wait(&bar->v_full[stage], parity);  // V_j has landed
-        accumulate_pv<Tr, T>(o_acc, s, v_tile);
+        accumulate_pv<Tr, T>(o_acc, p_frag, v_tile);
+        fa::wgmma_wait<0>();
+        fa::fence_operand(o_acc[0]);
         if (lane == 0) fa::mbarrier_arrive(&bar->v_empty[stage]);  // this warp is done with V_j
       }
     }

@@ -173,7 +173,8 @@ void test_tma_load() {
 
 /// Two consumer warpgroups: load Q (kBlockM rows) and K and V (kBlockN rows) by TMA, compute
 /// S = Q K^T with compute_scores() and write it out by the accumulator layout; then O = P V
-/// with accumulate_pv() for P(row, key) = small_value(row * 1000 + key), written out too.
+/// with pack_p() and accumulate_pv() for P(row, key) = small_value(row * 1000 + key), written
+/// out too.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(256)
     mma_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
@@ -202,6 +203,8 @@ __global__ void __launch_bounds__(256)
 
   float s[Tr::kMTiles][Tr::kNTilesS][4];
   compute_scores<Tr, T>(s, q_tile, k_tile, consumer * 64);
+  fa::wgmma_wait<0>();
+  fa::fence_operand(s[0]);
   for (int nj = 0; nj < Tr::kNTilesS; ++nj)
     for (int e = 0; e < 4; ++e)
       s_out[(row0 + 8 * (e / 2)) * Tr::kBlockN + 8 * nj + col0 + e % 2] = s[0][nj][e];
@@ -211,7 +214,11 @@ __global__ void __launch_bounds__(256)
     for (int e = 0; e < 4; ++e)
       p[0][nj][e] = small_value((row0 + 8 * (e / 2)) * 1000 + 8 * nj + col0 + e % 2);
   float o_acc[Tr::kMTiles][Tr::kNTilesO][4] = {};
-  accumulate_pv<Tr, T>(o_acc, p, v_tile);
+  uint32_t p_frag[Tr::kBlockN / 16][4];
+  pack_p<Tr, T>(p, p_frag);
+  accumulate_pv<Tr, T>(o_acc, p_frag, v_tile);
+  fa::wgmma_wait<0>();
+  fa::fence_operand(o_acc[0]);
   for (int nd = 0; nd < Tr::kNTilesO; ++nd)
     for (int e = 0; e < 4; ++e)
       o_out[(row0 + 8 * (e / 2)) * kHeadDim + 8 * nd + col0 + e % 2] = o_acc[0][nd][e];

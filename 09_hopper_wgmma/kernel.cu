@@ -386,9 +386,9 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
             packed;
       }
     }
-  fa::fence_proxy_async_smem();               // the TMA reads what the threads wrote
-  fa::named_barrier_sync(1 + consumer, 128);  // the warpgroup's O rows are staged
-  if (wg_tid == 0) {
+  fa::fence_proxy_async_smem();                     // the TMA reads what the threads wrote
+  fa::named_barrier_sync(1 + consumer, 128);        // the warpgroup's O rows are staged
+  if (wg_tid == 0 && q_start + wg_row0 < seqlen) {  // a box wholly past N_q stores nothing
     const int batch_o = args.o.batch_stride != 0 ? batch : 0;
 #pragma unroll
     for (int p = 0; p < Tr::kPanels; ++p)

@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "fa/api.h"
 #include "fa/check.cuh"
@@ -75,11 +76,11 @@ struct TileShape<128> {
 };
 
 /// Every size the kernel derives from the tile shape, in one place.
-template <int kHeadDim_>
+template <int kHeadDim_, int kBlockN_ = TileShape<kHeadDim_>::kBlockN>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = TileShape<kHeadDim>::kBlockM;   ///< \f$B_r\f$, Q rows
-  static constexpr int kBlockN = TileShape<kHeadDim>::kBlockN;   ///< \f$B_c\f$, K/V rows
+  static constexpr int kBlockN = kBlockN_;                       ///< \f$B_c\f$, K/V rows
   static constexpr int kStages = TileShape<kHeadDim>::kStages;   ///< K/V buffers in the ring
   static constexpr int kNumConsumers = 2;                        ///< consumer warpgroups
   static constexpr int kNumThreads = 128 * (1 + kNumConsumers);  ///< + the producer warpgroup
@@ -412,14 +413,14 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
 /// V_j, adds \f$P V_j\f$ by wgmma and releases V_j; its S, softmax statistics and o_acc stay
 /// in registers, as in step 06. The tensor maps describe Q, K, V and O as 4-D tensors
 /// (column, row, head, batch) with 128-byte swizzled boxes (make_tensor_map()).
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, 1)
+template <typename T, int kHeadDim, int kBlockN>
+__global__ void __launch_bounds__(Traits<kHeadDim, kBlockN>::kNumThreads, 1)
     flash_forward_kernel(const fa_fwd_args args, const __grid_constant__ CUtensorMap tmap_q,
                          const __grid_constant__ CUtensorMap tmap_k,
                          const __grid_constant__ CUtensorMap tmap_v,
                          const __grid_constant__ CUtensorMap tmap_o, const float scale_log2,
                          const int group_pairs) {
-  using Tr = Traits<kHeadDim>;
+  using Tr = Traits<kHeadDim, kBlockN>;
   extern __shared__ char smem_raw[];
   // The 128-byte swizzle repeats every 1024 bytes: the tiles start on a 1024-byte boundary.
   char* const smem = smem_raw + ((1024 - (fa::smem_u32(smem_raw) & 1023)) & 1023);
@@ -622,10 +623,10 @@ fa_status make_tensor_map(CUtensorMap* map, const char* name, const fa_tensor& t
 /// to balance the SMs, and no more pairs than that, so that the thread blocks that read the
 /// same K and V run at the same time and share them in L2. Without causal masking every
 /// thread block has the same work and a group is one pair: one head's Q blocks run together.
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kBlockN = TileShape<kHeadDim>::kBlockN>
 fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
-  using Tr = Traits<kHeadDim>;
-  const auto kernel = flash_forward_kernel<T, kHeadDim>;
+  using Tr = Traits<kHeadDim, kBlockN>;
+  const auto kernel = flash_forward_kernel<T, kHeadDim, kBlockN>;
   // More than 48 KiB of dynamic shared memory must be asked for explicitly.
   FA_CUDA_TRY(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
@@ -664,13 +665,30 @@ fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   return FA_OK;
 }
 
+/// K/V rows per block for a tuning run: FA_HOPPER_BLOCK_N=192 in the environment selects the
+/// 192-key blocks (both head dims, both dtypes), anything else the default of TileShape.
+int tuning_block_n() {
+  static const int block_n = [] {
+    const char* env = std::getenv("FA_HOPPER_BLOCK_N");
+    return env != nullptr && std::atoi(env) == 192 ? 192 : 0;
+  }();
+  return block_n;
+}
+
 /// The step's forward pass: picks the kernel for the dtype and head dimension.
 fa_status forward(const fa_fwd_args& args, cudaStream_t stream) {
   const bool bf16 = args.dtype == FA_BF16;
+  const bool wide = tuning_block_n() == 192;
   switch (args.head_dim) {
     case 64:
+      if (wide)
+        return bf16 ? launch<__nv_bfloat16, 64, 192>(args, stream)
+                    : launch<__half, 64, 192>(args, stream);
       return bf16 ? launch<__nv_bfloat16, 64>(args, stream) : launch<__half, 64>(args, stream);
     case 128:
+      if (wide)
+        return bf16 ? launch<__nv_bfloat16, 128, 192>(args, stream)
+                    : launch<__half, 128, 192>(args, stream);
       return bf16 ? launch<__nv_bfloat16, 128>(args, stream) : launch<__half, 128>(args, stream);
     default:
       return fa::set_error(FA_ERR_UNSUPPORTED, "%s: head_dim %d is not supported", FA_STEP_NAME,

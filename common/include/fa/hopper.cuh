@@ -410,14 +410,26 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t desc_a, 
   constexpr bool kHalf = std::is_same<T, __half>::value;
   static_assert(kHalf || std::is_same<T, __nv_bfloat16>::value, "fp16 or bf16");
   if constexpr (N == 64) {
-    if constexpr (kHalf) FA_WGMMA_SS_N64("f16"); else FA_WGMMA_SS_N64("bf16");
+    if constexpr (kHalf)
+      FA_WGMMA_SS_N64("f16");
+    else
+      FA_WGMMA_SS_N64("bf16");
   } else if constexpr (N == 128) {
-    if constexpr (kHalf) FA_WGMMA_SS_N128("f16"); else FA_WGMMA_SS_N128("bf16");
+    if constexpr (kHalf)
+      FA_WGMMA_SS_N128("f16");
+    else
+      FA_WGMMA_SS_N128("bf16");
   } else if constexpr (N == 192) {
-    if constexpr (kHalf) FA_WGMMA_SS_N192("f16"); else FA_WGMMA_SS_N192("bf16");
+    if constexpr (kHalf)
+      FA_WGMMA_SS_N192("f16");
+    else
+      FA_WGMMA_SS_N192("bf16");
   } else {
     static_assert(N == 256, "wgmma_ss is written out for N = 64, 128, 192, 256");
-    if constexpr (kHalf) FA_WGMMA_SS_N256("f16"); else FA_WGMMA_SS_N256("bf16");
+    if constexpr (kHalf)
+      FA_WGMMA_SS_N256("f16");
+    else
+      FA_WGMMA_SS_N256("bf16");
   }
 }
 
@@ -431,10 +443,16 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
   constexpr bool kHalf = std::is_same<T, __half>::value;
   static_assert(kHalf || std::is_same<T, __nv_bfloat16>::value, "fp16 or bf16");
   if constexpr (N == 64) {
-    if constexpr (kHalf) FA_WGMMA_RS_N64("f16", kTransB); else FA_WGMMA_RS_N64("bf16", kTransB);
+    if constexpr (kHalf)
+      FA_WGMMA_RS_N64("f16", kTransB);
+    else
+      FA_WGMMA_RS_N64("bf16", kTransB);
   } else {
     static_assert(N == 128, "wgmma_rs is written out for N = 64, 128");
-    if constexpr (kHalf) FA_WGMMA_RS_N128("f16", kTransB); else FA_WGMMA_RS_N128("bf16", kTransB);
+    if constexpr (kHalf)
+      FA_WGMMA_RS_N128("f16", kTransB);
+    else
+      FA_WGMMA_RS_N128("bf16", kTransB);
   }
 }
 

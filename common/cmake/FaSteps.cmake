@@ -1,7 +1,13 @@
-# fa_add_step(<name> [SMEM_LIMITS <bytes>...]): turns the step folder that calls it into
+# fa_add_step(<name> [ARCH <arch>] [SMEM_LIMITS <bytes>...]): turns the step folder that calls
+# it into
 #   - a static library fa_step_<name> built from kernel.cu, linked into libfa,
 #   - a runner program <name> (common/src/tools/runner_main.cpp),
 #   - an entry of the GPU conformance suite (ctest label "gpu") and of the benchmark.
+# ARCH is for steps written for one GPU architecture, e.g. `ARCH 90a` (wgmma, setmaxnreg):
+# their library is compiled for exactly -gencode=arch=compute_<arch>,code=sm_<arch>, whatever
+# CMAKE_CUDA_ARCHITECTURES says, so every build (CI's sm_80 one too) compiles it; the step
+# registers the compute capability it needs (FA_REGISTER_STEP_FOR_SM) and is skipped with one
+# line on other GPUs. host.sass.<name> then checks its machine code (fa_add_sass_check).
 # SMEM_LIMITS is for steps that pick their tile shapes by the GPU's shared memory
 # (fa::smem_per_block_optin): per limit, the step's conformance suite runs again with
 # FA_SMEM_LIMIT=<bytes>, i.e. with the shapes a GPU with that much shared memory per block
@@ -10,13 +16,16 @@
 # gpu.smem_limit_invalid.<name> that a malformed value is an error, not ignored.
 # The C API finds the step through a generated table (fa_write_registry below).
 function(fa_add_step name)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "SMEM_LIMITS")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "ARCH" "SMEM_LIMITS")
   string(MAKE_C_IDENTIFIER "fa_step_${name}" symbol)
   set(lib fa_step_${name})
   add_library(${lib} STATIC ${CMAKE_CURRENT_SOURCE_DIR}/kernel.cu)
   target_compile_definitions(${lib} PRIVATE FA_STEP_NAME="${name}" FA_STEP_SYMBOL=${symbol})
   target_link_libraries(${lib} PRIVATE fa_step_options)
   set_target_properties(${lib} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  if(arg_ARCH)
+    fa_set_cuda_arch(${lib} ${arg_ARCH})
+  endif()
   target_link_libraries(fa PRIVATE ${lib})
   set_property(GLOBAL APPEND PROPERTY FA_STEP_NAMES ${name})
   set_property(GLOBAL APPEND PROPERTY FA_STEP_SYMBOLS ${symbol})
@@ -28,8 +37,9 @@ function(fa_add_step name)
   if(FA_BUILD_TESTS)
     add_test(NAME gpu.conformance.${name}
              COMMAND fa_gpu_tests --gtest_filter=*/${name}*:*.${name}*)
+    # A step for one architecture has no tests on other GPUs (fa_gpu_tests says so).
     set_tests_properties(gpu.conformance.${name} PROPERTIES LABELS gpu
-                         SKIP_REGULAR_EXPRESSION "No CUDA device")
+                         SKIP_REGULAR_EXPRESSION "No CUDA device;Skipping the tests of ${name}:")
     foreach(limit IN LISTS arg_SMEM_LIMITS)
       add_test(NAME gpu.conformance.${name}.smem_${limit}
                COMMAND fa_gpu_tests --gtest_filter=*/${name}*:*.${name}*)
@@ -44,6 +54,32 @@ function(fa_add_step name)
                               "FA_SMEM_LIMIT=96k: expected a positive number")
     endif()
   endif()
+endfunction()
+
+# Compiles CUDA target <target> for exactly one architecture, e.g. 90a:
+# -gencode=arch=compute_90a,code=sm_90a instead of CMAKE_CUDA_ARCHITECTURES.
+function(fa_set_cuda_arch target arch)
+  set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES OFF)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_${arch},code=sm_${arch}>)
+endfunction()
+
+# host.sass.<name>: disassembles the library of step <name> (cuobjdump, no GPU needed) and
+# fails unless every regex of REQUIRE occurs in its machine code and no regex of FORBID does,
+# e.g. REQUIRE HGMMA FORBID HMMA: the step runs on warpgroup MMA, not on mma.sync.
+function(fa_add_sass_check name)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "REQUIRE;FORBID")
+  if(NOT FA_BUILD_TESTS)
+    return()
+  endif()
+  find_program(FA_CUOBJDUMP cuobjdump HINTS ${CUDAToolkit_BIN_DIR})
+  string(REPLACE ";" "|" require "${arg_REQUIRE}")
+  string(REPLACE ";" "|" forbid "${arg_FORBID}")
+  add_test(NAME host.sass.${name}
+           COMMAND ${CMAKE_COMMAND} -DCUOBJDUMP=${FA_CUOBJDUMP} -DLIB=$<TARGET_FILE:fa_step_${name}>
+                   -DREQUIRE=${require} -DFORBID=${forbid}
+                   -P ${FA_COMMON_DIR}/cmake/CheckSass.cmake)
+  set_tests_properties(host.sass.${name} PROPERTIES LABELS host)
 endfunction()
 
 # A GPU test that runs the step's backward once with FA_SMEM_LIMIT=<value> and passes only

@@ -626,6 +626,15 @@ def main(argv=None):
     if unknown:
         sys.exit("compare.py: unknown step(s) %s (landed: %s)" % (", ".join(unknown),
                                                                   ", ".join(available)))
+    if args.device == "cuda":  # a step built for another GPU (09, 10: sm_90a) is left out
+        runnable = []
+        for st in steps:
+            try:
+                fs.check_device(st)
+                runnable.append(st)
+            except fs.Unsupported as e:
+                sys.stderr.write("compare.py: skipping %s: %s\n" % (st, e.message))
+        steps = runnable
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference stays fp32
     torch.backends.cudnn.allow_tf32 = False
     if args.seed == 0:

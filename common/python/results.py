@@ -254,6 +254,10 @@ def step_readmes(root):
             if STEP_FOLDER.match(name) and os.path.isfile(os.path.join(root, name, "README.md"))]
 
 
+#: Steps compared with a step other than the one before them (common/scripts/lab.py's rule).
+STARTS_FROM = {"09_hopper_wgmma": "06_causal_skip"}
+
+
 def step_comparisons(doc, step, direction):
     """What `step` is compared with in one direction, as [(impl, caption)]: the step before it
     that the run measured (unless that is the baseline), the baseline 01_naive, and from step
@@ -262,6 +266,8 @@ def step_comparisons(doc, step, direction):
     steps = [n for n in names if not n.startswith("sdpa_")]
     out = []
     earlier = [n for n in steps if n < step]
+    if STARTS_FROM.get(step) in steps:  # a step that branches from an earlier forward
+        earlier = [STARTS_FROM[step]]
     if earlier and earlier[-1] != BASELINE:
         out.append((earlier[-1], "speed-up over `%s`" % earlier[-1]))
     if step != BASELINE and BASELINE in steps:

@@ -55,6 +55,18 @@ def real_steps():
     return m.group(1).split()
 
 
+#: Steps that do not start from the step before them in FA_STEPS: 09 is the forward of 06 on
+#: Hopper's machinery (DESIGN.md: the steps after 07 branch from the forward they extend).
+STARTS_FROM = {"09_hopper_wgmma": "06_causal_skip"}
+
+
+def step_arch(step):
+    """The ARCH of a step's fa_add_step() call (e.g. '90a' for 09 and 10), or None."""
+    path = ROOT / step / "CMakeLists.txt"
+    m = re.search(r"fa_add_step\(\s*\S+\s+ARCH\s+(\w+)", path.read_text()) if path.exists() else None
+    return m.group(1) if m else None
+
+
 def resolve_step(text, steps):
     """'05_split_q', '05' or '5' -> '05_split_q'."""
     if text in steps:
@@ -151,7 +163,7 @@ def cmd_start(args):
     index = steps.index(target)
     if index == 0:
         raise LabError(f"{target} is the first step: there is no step before it to start from")
-    source = steps[index - 1]
+    source = STARTS_FROM.get(target, steps[index - 1])
     source_dir = ROOT / source
     if not (source_dir / "kernel.cu").exists():
         raise LabError(f"the lab for {target} starts from {source}, which has not landed yet "
@@ -191,7 +203,7 @@ def cmd_start(args):
     (lab_dir / "CMakeLists.txt").write_text(
         f"# Course lab {name}: your {target}, started from a copy of {source}.\n"
         f"# Created by common/scripts/lab.py (handout: {handout}); registered like a step.\n"
-        f"fa_add_step({name})\n")
+        f"fa_add_step({name}{' ARCH ' + step_arch(target) if step_arch(target) else ''})\n")
     meta = {"name": name, "target": target, "source": source,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "repository": str(ROOT)}

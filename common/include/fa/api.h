@@ -116,6 +116,12 @@ FA_EXPORT int fa_step_has_backward(const char* step);
 /// 1 if the step supports head dimension d, 0 if not, -1 for an unknown name.
 FA_EXPORT int fa_step_supports_head_dim(const char* step, int head_dim);
 
+/// FA_OK if `step` can run on the current CUDA device. Otherwise FA_ERR_NO_DEVICE (no device,
+/// or one older than sm_80), FA_ERR_UNSUPPORTED (the step was built for one architecture,
+/// e.g. sm_90a, and this GPU is another: fa_last_error() says so in one line) or
+/// FA_ERR_UNKNOWN_STEP. fa_forward() and fa_backward() make the same check.
+FA_EXPORT fa_status fa_step_check_device(const char* step);
+
 /// Checks a forward problem for `step` without touching the GPU. FA_OK if it would run.
 FA_EXPORT fa_status fa_check_forward(const char* step, const fa_fwd_args* args);
 /// Checks a backward problem for `step` without touching the GPU. FA_OK if it would run.

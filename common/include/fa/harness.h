@@ -202,9 +202,15 @@ MeasureOptions measure_options(const Flags& flags, uint64_t seed) {
 ResultRow measure(const std::string& step, const std::string& direction, DeviceProblem& dp,
                   const MeasureOptions& options);
 
-/// The two ceilings, measured on the current GPU: dense mma.sync m16n8k16 (fp16 in, fp32
-/// accumulate, all SMs, no memory traffic) and a cuBLAS GEMM (8192^3, fp16, fp32 accumulate).
+/// The ceilings, measured on the current GPU: dense mma.sync m16n8k16 (fp16 in, fp32
+/// accumulate, all SMs, no memory traffic) and a cuBLAS GEMM (8192^3, fp16, fp32 accumulate);
+/// on an sm_90 GPU (H100, H200) also dense wgmma m64n256k16, the ceiling of steps 09 and 10.
 Ceilings measure_ceilings();
+
+/// Launches the dense wgmma throughput kernel (sm_90a code, common/src/harness/sm90) on
+/// `blocks` thread blocks of two warpgroups and returns the FLOPs that launch does. Only for
+/// an sm_90 GPU; measure_ceilings() times it.
+double launch_wgmma_ceiling(int blocks, float* sink);
 
 }  // namespace fa
 

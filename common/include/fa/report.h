@@ -25,6 +25,7 @@ struct GpuInfo {
 struct Ceilings {
   double mma_tflops = 0;     ///< dense mma.sync m16n8k16, fp16 in, fp32 accumulate
   double cublas_tflops = 0;  ///< large cuBLAS GEMM (8192^3 fp16, fp32 accumulate)
+  double wgmma_tflops = 0;   ///< dense wgmma m64n256k16, fp16 in, fp32 accumulate (sm_90 only)
 };
 
 /// Milliseconds per run over the timed repeats.
@@ -49,11 +50,12 @@ struct ResultRow {
   double tflops = 0;              ///< achieved TFLOP/s (median time)
   double pct_mma = 0;             ///< percent of Ceilings::mma_tflops
   double pct_cublas = 0;          ///< percent of Ceilings::cublas_tflops
+  double pct_wgmma = 0;           ///< percent of Ceilings::wgmma_tflops (0 if not measured)
   double speedup_prev = 0;        ///< time of the previous step on the same problem / this time
   double speedup_first = 0;       ///< time of the first step on the same problem / this time
 };
 
-/// Fills tflops and the two percentages of every row from its timing and FLOP count
+/// Fills tflops and the percentages of every row from its timing and FLOP count
 /// (forward \f$4BHd\f$ per unmasked pair, backward 2.5x).
 void compute_rates(std::vector<ResultRow>* rows, const Ceilings& ceilings);
 

@@ -27,6 +27,10 @@ struct Step {
   ForwardFn forward;            ///< never null
   BackwardFn backward;          ///< null if the step has no backward pass
   HeadDimFn supports_head_dim;  ///< which head dims the kernels were built for
+  /// 0: runs on every sm_80+ GPU. Otherwise the one compute capability (major * 10 + minor)
+  /// the step's kernels were built for, e.g. 90: sm_90a code (wgmma, setmaxnreg), which runs
+  /// on an H100/H200 and on no other GPU; the C API refuses other GPUs with one clear line.
+  int required_sm;
 };
 
 /// Records `message` (printf-style) as this thread's last error and returns `status`.
@@ -58,5 +62,10 @@ fa_status smem_per_block_optin(int* bytes);
 #define FA_REGISTER_STEP(summary, forward, backward, supports_head_dim)                 \
   extern "C" const fa::Step FA_STEP_SYMBOL = {FA_STEP_NAME, summary, forward, backward, \
                                               supports_head_dim}
+
+/// Registers a step whose kernels run only on compute capability `sm` (e.g. 90 for sm_90a).
+#define FA_REGISTER_STEP_FOR_SM(sm, summary, forward, backward, supports_head_dim)      \
+  extern "C" const fa::Step FA_STEP_SYMBOL = {FA_STEP_NAME, summary,           forward, \
+                                              backward,     supports_head_dim, sm}
 
 #endif  // FA_STEP_H_

@@ -225,6 +225,8 @@ def load_library() -> ctypes.CDLL:
     lib.fa_step_has_backward.argtypes = [c_char_p]
     lib.fa_step_supports_head_dim.restype = c_int
     lib.fa_step_supports_head_dim.argtypes = [c_char_p, c_int]
+    lib.fa_step_check_device.restype = c_int
+    lib.fa_step_check_device.argtypes = [c_char_p]
     lib.fa_check_forward.restype = c_int
     lib.fa_check_forward.argtypes = [c_char_p, ctypes.POINTER(FwdArgs)]
     lib.fa_check_backward.restype = c_int
@@ -300,6 +302,14 @@ def supports_head_dim(step: str, head_dim: int) -> bool:
     if r < 0:
         raise UnknownStep("unknown step '%s' (registered: %s)" % (step, ", ".join(steps())))
     return r == 1
+
+
+def check_device(step: str) -> None:
+    """Returns if the step can run on the current CUDA device; raises NoDevice (no GPU, or one
+    older than sm_80) or Unsupported (the step was built for one architecture, e.g. sm_90a for
+    09 and 10, and this GPU is another), with the library's one-line message."""
+    lib = load_library()
+    _raise_for(lib.fa_step_check_device(_name(step)), lib)
 
 
 # ---------------------------------------------------------------------------------------------

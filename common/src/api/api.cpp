@@ -368,8 +368,19 @@ fa_status lookup(const char* name, const Step** step) {
   return FA_OK;
 }
 
-/// The current device exists and is sm_80 or newer (checked once per device and thread).
-fa_status check_device() {
+/// A step built for one compute capability (Step::required_sm) runs only on a GPU of exactly
+/// that one: sm_90a code (wgmma) runs on an H100/H200, not on an sm_80 or sm_100 GPU.
+fa_status check_required_sm(const Step& step, int device, int sm) {
+  if (step.required_sm == 0 || sm == step.required_sm) return FA_OK;
+  return set_error(FA_ERR_UNSUPPORTED,
+                   "step %s needs an sm_%d GPU (H100, H200: its kernels are sm_%da code); GPU %d "
+                   "is sm_%d",
+                   step.name, step.required_sm, step.required_sm, device, sm);
+}
+
+/// The current device exists and is sm_80 or newer (checked once per device and thread), and
+/// is the architecture `step` needs.
+fa_status check_device(const Step& step) {
   int device = -1;
   cudaError_t err = cudaGetDevice(&device);
   int count = 0;
@@ -379,16 +390,17 @@ fa_status check_device() {
     return set_error(FA_ERR_NO_DEVICE, "no CUDA device: %s",
                      err != cudaSuccess ? cudaGetErrorString(err) : "none found");
   }
-  thread_local int checked[64] = {};
-  if (device >= 0 && device < 64 && checked[device]) return FA_OK;
+  thread_local int checked[64] = {};  // sm (major * 10 + minor) of each device seen, 0: not yet
+  if (device >= 0 && device < 64 && checked[device])
+    return check_required_sm(step, device, checked[device]);
   cudaDeviceProp prop;
   if ((err = cudaGetDeviceProperties(&prop, device)) != cudaSuccess)
     return set_error(FA_ERR_NO_DEVICE, "cudaGetDeviceProperties: %s", cudaGetErrorString(err));
   if (prop.major < 8)
     return set_error(FA_ERR_NO_DEVICE, "GPU %d (%s) is sm_%d%d; the kernels need sm_80 or newer",
                      device, prop.name, prop.major, prop.minor);
-  if (device >= 0 && device < 64) checked[device] = 1;
-  return FA_OK;
+  if (device >= 0 && device < 64) checked[device] = prop.major * 10 + prop.minor;
+  return check_required_sm(step, device, prop.major * 10 + prop.minor);
 }
 
 fa_status finish(fa_status st) {
@@ -471,17 +483,24 @@ fa_status fa_check_backward(const char* step, const fa_bwd_args* args) {
   return fa::finish(fa::check_backward_args(*s, *args));
 }
 
+fa_status fa_step_check_device(const char* step) {
+  const fa::Step* s = nullptr;
+  fa_status st = fa::lookup(step, &s);
+  if (st != FA_OK) return st;
+  return fa::finish(fa::check_device(*s));
+}
+
 fa_status fa_forward(const char* step, const fa_fwd_args* args, fa_stream stream) {
   fa_status st = fa_check_forward(step, args);
   if (st != FA_OK) return st;
-  if ((st = fa::check_device()) != FA_OK) return st;
+  if ((st = fa::check_device(*fa::find_step(step))) != FA_OK) return st;
   return fa::finish(fa::find_step(step)->forward(*args, static_cast<cudaStream_t>(stream)));
 }
 
 fa_status fa_backward(const char* step, const fa_bwd_args* args, fa_stream stream) {
   fa_status st = fa_check_backward(step, args);
   if (st != FA_OK) return st;
-  if ((st = fa::check_device()) != FA_OK) return st;
+  if ((st = fa::check_device(*fa::find_step(step))) != FA_OK) return st;
   return fa::finish(fa::find_step(step)->backward(*args, static_cast<cudaStream_t>(stream)));
 }
 

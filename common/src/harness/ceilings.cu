@@ -1,5 +1,6 @@
 /// \file ceilings.cu
-/// \brief The two ceilings measured on the GPU at hand: dense mma.sync and a cuBLAS GEMM.
+/// \brief The ceilings measured on the GPU at hand: dense mma.sync, a cuBLAS GEMM and, on an
+/// sm_90 GPU, dense wgmma (common/src/harness/sm90/wgmma_ceiling.cu).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 
@@ -115,12 +116,29 @@ double measure_cublas() {
   return 2.0 * n * static_cast<double>(n) * n / (ms * 1e-3) / 1e12;
 }
 
+/// Dense wgmma throughput (launch_wgmma_ceiling(), sm_90a code) on an sm_90 GPU, else 0.
+double measure_wgmma() {
+  int device = 0, major = 0, minor = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (major != 9 || minor != 0) return 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  float* sink = nullptr;
+  cuda_check(cudaMalloc(&sink, 256 * sizeof(float)), "cudaMalloc (sink)");
+  double flops = 0;
+  const double ms = median_ms([&] { flops = launch_wgmma_ceiling(sms, sink); }, 2, 9);
+  cudaFree(sink);
+  return flops / (ms * 1e-3) / 1e12;
+}
+
 }  // namespace
 
 Ceilings measure_ceilings() {
   Ceilings c;
   c.mma_tflops = measure_mma();
   c.cublas_tflops = measure_cublas();
+  c.wgmma_tflops = measure_wgmma();
   return c;
 }
 

@@ -88,6 +88,7 @@ void compute_rates(std::vector<ResultRow>* rows, const Ceilings& ceilings) {
     r.tflops = flops / (r.timing.median_ms * 1e-3) / 1e12;
     r.pct_mma = ceilings.mma_tflops > 0 ? 100.0 * r.tflops / ceilings.mma_tflops : 0;
     r.pct_cublas = ceilings.cublas_tflops > 0 ? 100.0 * r.tflops / ceilings.cublas_tflops : 0;
+    r.pct_wgmma = ceilings.wgmma_tflops > 0 ? 100.0 * r.tflops / ceilings.wgmma_tflops : 0;
   }
 }
 
@@ -117,12 +118,17 @@ void print_table(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings,
   os << "GPU: " << gpu.name << " (sm_" << gpu.cc_major << gpu.cc_minor << ", " << gpu.sm_count
      << " SMs, driver " << gpu.driver << ", CUDA " << gpu.runtime << ")\n";
   os << "Ceilings: mma.sync m16n8k16 " << fmt("%.1f", ceilings.mma_tflops)
-     << " TFLOP/s, cuBLAS GEMM " << fmt("%.1f", ceilings.cublas_tflops) << " TFLOP/s\n";
+     << " TFLOP/s, cuBLAS GEMM " << fmt("%.1f", ceilings.cublas_tflops) << " TFLOP/s";
+  if (ceilings.wgmma_tflops > 0)
+    os << ", wgmma m64n256k16 " << fmt("%.1f", ceilings.wgmma_tflops)
+       << " TFLOP/s (%wgmma: percent of it)";
+  os << "\n";
+  const bool wgmma = ceilings.wgmma_tflops > 0;  // then a %wgmma column after %cuBL
   char line[512];
   std::snprintf(line, sizeof line,
-                "%-20s %-3s %-4s %3s %5s %6s %6s %4s %-6s %9s %7s %8s %6s %6s %7s %7s  %s\n",
+                "%-20s %-3s %-4s %3s %5s %6s %6s %4s %-6s %9s %7s %8s %6s %6s%s %7s %7s  %s\n",
                 "step", "dir", "dt", "B", "H/kv", "Nq", "Nk", "d", "mask", "ms", "spread",
-                "TFLOP/s", "%mma", "%cuBL", "vs prev", "vs 01", "check");
+                "TFLOP/s", "%mma", "%cuBL", wgmma ? " %wgmma" : "", "vs prev", "vs 01", "check");
   os << line;
   for (const ResultRow& r : rows) {
     const ProblemShape& s = r.shape;
@@ -143,11 +149,12 @@ void print_table(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings,
                                   : (std::string(r.passed ? "ok" : "FAIL") + " max|err| " +
                                      fmt("%.1e", r.max_abs) + " rel " + fmt("%.1e", r.rel_l2));
     std::snprintf(line, sizeof line,
-                  "%-20s %-3s %-4s %3d %5s %6d %6d %4d %-6s %9.3f %6.1f%% %8.1f %6.1f %6.1f "
+                  "%-20s %-3s %-4s %3d %5s %6d %6d %4d %-6s %9.3f %6.1f%% %8.1f %6.1f %6.1f%s "
                   "%7s %7s  %s\n",
                   r.step.c_str(), r.direction.c_str(), dtype_name(s.dtype), s.batch, heads.c_str(),
                   s.seqlen_q, s.seqlen_k, s.head_dim, s.causal ? "causal" : "none",
                   r.timing.median_ms, spread, r.tflops, r.pct_mma, r.pct_cublas,
+                  wgmma ? fmt(" %6.1f", r.pct_wgmma).c_str() : "",
                   r.speedup_prev > 0 ? fmt("%.2fx", r.speedup_prev).c_str() : "-",
                   r.speedup_first > 0 ? fmt("%.2fx", r.speedup_first).c_str() : "-", check.c_str());
     os << line;
@@ -179,7 +186,8 @@ void write_json(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings, 
      << "." << gpu.cc_minor << "\", \"driver\": \"" << json_escape(gpu.driver)
      << "\", \"cuda_runtime\": \"" << json_escape(gpu.runtime) << "\"},\n";
   os << "  \"ceilings\": {\"mma_sync_tflops\": " << json_num(ceilings.mma_tflops)
-     << ", \"cublas_gemm_tflops\": " << json_num(ceilings.cublas_tflops) << "},\n";
+     << ", \"cublas_gemm_tflops\": " << json_num(ceilings.cublas_tflops)
+     << ", \"wgmma_tflops\": " << json_num(ceilings.wgmma_tflops) << "},\n";
   os << "  \"run\": {\"commit\": \"" << json_escape(run.commit) << "\", \"date\": \""
      << json_escape(run.date) << "\", \"command\": \"" << json_escape(run.command) << "\"},\n";
   os << "  \"results\": [";
@@ -201,6 +209,7 @@ void write_json(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings, 
        << ", \"max_ms\": " << json_num(r.timing.max_ms) << ", \"repeats\": " << r.timing.repeats
        << ", \"tflops\": " << json_num(r.tflops) << ", \"pct_mma\": " << json_num(r.pct_mma)
        << ", \"pct_cublas\": " << json_num(r.pct_cublas)
+       << ", \"pct_wgmma\": " << json_num(r.pct_wgmma)
        << ", \"speedup_prev\": " << json_num(r.speedup_prev)
        << ", \"speedup_first\": " << json_num(r.speedup_first) << ", \"error\": \""
        << json_escape(r.error) << "\"}";

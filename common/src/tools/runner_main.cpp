@@ -2,7 +2,8 @@
 /// \brief The runner every step folder builds (compiled once per step with FA_RUNNER_STEP):
 /// one problem, checked against the fp64 oracle, timed, with TFLOP/s and both ceilings.
 ///
-/// Exit codes: 0 ok, 1 the check failed or the GPU/kernel failed, 2 bad flags, a problem the
+/// Exit codes: 0 ok (or the step cannot run on this GPU, e.g. an sm_90a step on another GPU:
+/// one line says so), 1 the check failed or the GPU/kernel failed, 2 bad flags, a problem the
 /// step rejects, an --out file that cannot be written, an invalid FA_SMEM_LIMIT, or a problem
 /// that does not fit in the GPU's memory (one line says why; all found before any GPU work).
 #include <chrono>
@@ -87,6 +88,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: no usable CUDA GPU (%s); the kernels need an sm_80+ GPU\n",
                  step.c_str(), why.c_str());
     return 1;
+  }
+  if (fa_step_check_device(step.c_str()) != FA_OK) {
+    std::printf("%s: skipped: %s\n", step.c_str(), fa_last_error());
+    return 0;
   }
   size_t free_bytes = 0, total_bytes = 0;
   const size_t need = fa::device_bytes(opt.shape, opt.backward);

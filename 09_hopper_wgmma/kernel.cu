@@ -1,0 +1,707 @@
+/// \file 09_hopper_wgmma/kernel.cu
+/// \brief Step 09: the forward of step 06 on Hopper's own machinery: TMA loads, warpgroup MMA
+/// (wgmma) and warp specialization (FlashAttention-3, sec. 3.1).
+///
+/// What this step changes against step 06 (the algorithm is the same: online softmax with the
+/// deferred rescale, causal block skip, mask only where needed, the longest-first work order,
+/// L stored, bottom-right causal, GQA, any lengths):
+/// - Warp specialization. A thread block has three warpgroups (4 warps each). Warpgroup 0 is
+///   the producer: one of its threads issues every load, the others exit. Warpgroups 1 and 2
+///   are the consumers: each owns 64 of the 128 rows of the Q block and computes them exactly
+///   as a warp of step 06 computes its rows. Producer and consumers talk only through
+///   shared-memory barriers (mbarrier): a "full" barrier per buffer says the data landed, an
+///   "empty" barrier says every consumer warp is done reading it.
+/// - TMA loads. The tensor memory accelerator copies a whole tile (up to 128 rows x 128 bytes
+///   per instruction) from global to shared memory, zero-filling rows past the end of the
+///   sequence and writing the 128-byte swizzle that wgmma reads. Q is loaded once; K and V go
+///   through a ring of kStages buffers, each with its own full and empty barrier, so the
+///   producer runs ahead of the consumers by up to kStages blocks.
+/// - wgmma. \f$S = Q K^T\f$ is one warpgroup instruction per 16 columns of d, with both
+///   operands read straight from shared memory (no ldmatrix); \f$O \mathrel{+}= P V\f$ takes P
+///   from registers (the S accumulators, rounded and packed, as in step 06) and V from shared
+///   memory. Both are asynchronous: issue, commit, wait.
+/// - Register reallocation. The producer needs few registers, the consumers many (their S
+///   and o_acc accumulators): `setmaxnreg` moves the producer's to the consumers.
+/// - The epilogue writes O to shared memory in the swizzled layout and stores it with one TMA
+///   store per warpgroup and panel (rows past \f$N_q\f$ are clipped by the TMA).
+///
+/// Built for sm_90a only (wgmma and setmaxnreg exist nowhere else): the API reports the step
+/// as needing an sm_90 GPU on any other device.
+///
+/// Run: `./build/bin/09_hopper_wgmma --seqlen 4096 --head-dim 128 --causal` (H100 / H200)
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+
+#include "fa/api.h"
+#include "fa/check.cuh"
+#include "fa/hopper.cuh"
+#include "fa/step.h"
+
+namespace {
+
+// ------------------------------------------------------------------------------------------
+// Tile configuration
+// ------------------------------------------------------------------------------------------
+
+// Tuning knobs: K/V rows per block for each head dimension (multiples of 16, at most 256 and
+// one of the wgmma widths fa/hopper.cuh writes out: 64, 128, 192, 256).
+#ifndef FA_FWD_BLOCK_N_D64
+#define FA_FWD_BLOCK_N_D64 128
+#endif
+#ifndef FA_FWD_BLOCK_N_D128
+#define FA_FWD_BLOCK_N_D128 128
+#endif
+
+/// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, split between two consumer
+/// warpgroups of 64 rows (the M of one wgmma), \f$B_c\f$ (kBlockN) key rows, and kStages K/V
+/// buffers. Shared memory is Q plus kStages K and V tiles, \f$(B_r + 2 \cdot kStages \cdot
+/// B_c)\, d \cdot 2\f$ bytes: 80 KiB (d = 64) and 160 KiB (d = 128), one thread block per SM.
+template <int kHeadDim>
+struct TileShape;
+template <>
+struct TileShape<64> {
+  static constexpr int kBlockM = 128, kBlockN = FA_FWD_BLOCK_N_D64, kStages = 2;
+};
+template <>
+struct TileShape<128> {
+  static constexpr int kBlockM = 128, kBlockN = FA_FWD_BLOCK_N_D128, kStages = 2;
+};
+
+/// Every size the kernel derives from the tile shape, in one place.
+template <int kHeadDim_, int kBlockN_ = TileShape<kHeadDim_>::kBlockN>
+struct Traits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = TileShape<kHeadDim>::kBlockM;   ///< \f$B_r\f$, Q rows
+  static constexpr int kBlockN = kBlockN_;                       ///< \f$B_c\f$, K/V rows
+  static constexpr int kStages = TileShape<kHeadDim>::kStages;   ///< K/V buffers in the ring
+  static constexpr int kNumConsumers = 2;                        ///< consumer warpgroups
+  static constexpr int kNumThreads = 128 * (1 + kNumConsumers);  ///< + the producer warpgroup
+  static constexpr int kConsumerRows = kBlockM / kNumConsumers;  ///< Q rows of one warpgroup
+  static constexpr int kNumConsumerWarps = 4 * kNumConsumers;    ///< arrivals on "empty"
+  static constexpr int kMTiles = 1;                              ///< m16 tiles per warp (16 rows)
+  static constexpr int kNTilesS = kBlockN / 8;                   ///< n8 tiles of S (keys)
+  static constexpr int kNTilesO = kHeadDim / 8;                  ///< n8 tiles of O (head dim)
+  static constexpr int kPanelBytes = 128;                        ///< one swizzled row of a panel
+  static constexpr int kPanelCols = kPanelBytes / 2;             ///< 64 columns of 2-byte types
+  static constexpr int kPanels = kHeadDim / kPanelCols;          ///< panels side by side in a tile
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kTileBytes = kQBytes + kStages * (kKBytes + kVBytes);
+  /// Shared memory asked for: the tiles, the barriers and slack to align the tiles to 1024.
+  static constexpr int kSmemBytes = kTileBytes + 8 * (1 + 4 * kStages) + 1024;
+  static constexpr int kProducerRegs = 24;   ///< registers per producer thread
+  static constexpr int kConsumerRegs = 240;  ///< registers per consumer thread
+
+  static_assert(kConsumerRows == 64, "a consumer warpgroup's rows are the M of one wgmma");
+  static_assert(kMTiles * 16 * 4 == kConsumerRows, "a warp holds 16 rows of the accumulator");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "k16 steps of P V; one wgmma for S");
+  static_assert(kHeadDim % kPanelCols == 0, "whole 128-byte panels");
+  static_assert(128 * kProducerRegs + 128 * kNumConsumers * kConsumerRegs <= 65536,
+                "the register file holds every warpgroup's registers");
+};
+
+/// The shared-memory barriers of one thread block. Each completes one phase per use, and a
+/// wait names the parity of the phase it waits for: buffer s holds K/V blocks j = s,
+/// s + kStages, s + 2 kStages, ..., so block j is phase j / kStages of its barriers, parity
+/// (j / kStages) & 1.
+template <int kStages>
+struct Barriers {
+  uint64_t q_full;            ///< Q has landed (the producer's arrival + the TMA bytes)
+  uint64_t k_full[kStages];   ///< K_j has landed in its buffer
+  uint64_t v_full[kStages];   ///< V_j has landed in its buffer
+  uint64_t k_empty[kStages];  ///< every consumer warp is done reading K_j
+  uint64_t v_empty[kStages];  ///< every consumer warp is done reading V_j
+};
+
+// ------------------------------------------------------------------------------------------
+// Shared memory: tiles in 128-byte swizzled panels (the layout of the TMA and of wgmma)
+// ------------------------------------------------------------------------------------------
+
+/// Byte offset of columns [8 chunk, 8 chunk + 8) of row `row` in a tile of `kRows` rows: the
+/// tile is kPanels panels of kRows x 128 bytes side by side, and in each panel the 16-byte
+/// chunk index is XORed with \f$row \bmod 8\f$ (the TMA's CU_TENSOR_MAP_SWIZZLE_128B). The 8
+/// rows that a warp touches at the same column land in 8 different bank groups.
+template <class Tr, int kRows>
+__device__ __forceinline__ uint32_t swizzle(int row, int chunk) {
+  return (chunk / 8) * kRows * Tr::kPanelBytes + row * Tr::kPanelBytes +
+         (((chunk % 8) ^ (row & 7)) << 4);
+}
+
+// ------------------------------------------------------------------------------------------
+// The producer: TMA loads of Q and of the K/V ring
+// ------------------------------------------------------------------------------------------
+
+/// Loads rows [row0, row0 + kRows) of one head of a tensor into the tile `smem_tile`: one TMA
+/// per 64-column panel, all counted on barrier `bar`. Coordinates are (column, row, head,
+/// batch); rows at or past the sequence length come in as zeros (a zero V row times a zero
+/// probability stays zero), and never from the next head or batch (the tensor map is 4-D).
+template <class Tr, int kRows>
+__device__ __forceinline__ void load_tile(char* smem_tile, const CUtensorMap* map, uint64_t* bar,
+                                          int row0, int head, int batch) {
+#pragma unroll
+  for (int p = 0; p < Tr::kPanels; ++p)
+    fa::tma_load_4d(smem_tile + p * kRows * Tr::kPanelBytes, map, bar, p * Tr::kPanelCols, row0,
+                    head, batch);
+}
+
+/// The producer thread: Q once, then K_j and V_j for j = 0 .. n_blocks - 1 into buffer
+/// j % kStages. Before it refills a buffer it waits on that buffer's "empty" barrier for the
+/// phase of the block that used it last (block j - kStages); the first kStages blocks find
+/// their buffers unused. Each load is one arrival with its byte count on the "full" barrier.
+template <class Tr>
+__device__ __forceinline__ void load_q_k_v(char* q_tile, char* k_stages, char* v_stages,
+                                           Barriers<Tr::kStages>* bar, const CUtensorMap* tmap_q,
+                                           const CUtensorMap* tmap_k, const CUtensorMap* tmap_v,
+                                           int q_start, int head, int head_kv, int batch_q,
+                                           int batch_k, int batch_v, int n_blocks) {
+  fa::mbarrier_arrive_expect_tx(&bar->q_full, Tr::kQBytes);
+  load_tile<Tr, Tr::kBlockM>(q_tile, tmap_q, &bar->q_full, q_start, head, batch_q);
+  for (int kv_block = 0; kv_block < n_blocks; ++kv_block) {
+    const int stage = kv_block % Tr::kStages;
+    const uint32_t reuse_parity = (kv_block / Tr::kStages - 1) & 1;  // block j - kStages
+    const int kv_start = kv_block * Tr::kBlockN;
+    if (kv_block >= Tr::kStages) fa::mbarrier_wait(&bar->k_empty[stage], reuse_parity);
+    fa::mbarrier_arrive_expect_tx(&bar->k_full[stage], Tr::kKBytes);
+    load_tile<Tr, Tr::kBlockN>(k_stages + stage * Tr::kKBytes, tmap_k, &bar->k_full[stage],
+                               kv_start, head_kv, batch_k);
+    if (kv_block >= Tr::kStages) fa::mbarrier_wait(&bar->v_empty[stage], reuse_parity);
+    fa::mbarrier_arrive_expect_tx(&bar->v_full[stage], Tr::kVBytes);
+    load_tile<Tr, Tr::kBlockN>(v_stages + stage * Tr::kVBytes, tmap_v, &bar->v_full[stage],
+                               kv_start, head_kv, batch_v);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// The algorithm: S = Q K^T, mask, online softmax, O += P V (all per consumer warpgroup)
+// ------------------------------------------------------------------------------------------
+
+/// Starts \f$S_w = Q_w K_j^T\f$ for this warpgroup's 64 query rows (starting at tile row
+/// `wg_row0`) and all kBlockN keys of the K tile, unscaled, in fp32 accumulator fragments:
+/// s[0][nj] is the m16n8 tile of this warp's 16 rows and keys 8 nj (the wgmma accumulator
+/// layout is, per warp, that of step 06's mma). One wgmma per 16 columns of d, both operands
+/// read from shared memory through descriptors: k-step k starts 32 bytes further into the
+/// 128-byte panel row (the hardware applies the swizzle to the address it computes), and in
+/// the next panel every 4 steps. Asynchronous: s is valid after fa::wgmma_wait().
+template <class Tr, typename T>
+__device__ __forceinline__ void compute_scores(float (&s)[Tr::kMTiles][Tr::kNTilesS][4],
+                                               const char* q_tile, const char* k_tile,
+                                               int wg_row0) {
+  const uint32_t q_base = fa::smem_u32(q_tile) + wg_row0 * Tr::kPanelBytes;
+  const uint32_t k_base = fa::smem_u32(k_tile);
+  fa::wgmma_fence();
+#pragma unroll
+  for (int k_step = 0; k_step < Tr::kHeadDim / 16; ++k_step) {
+    const int panel = k_step / 4, byte = (k_step % 4) * 32;
+    const uint64_t desc_q =
+        fa::wgmma_desc_sw128(q_base + panel * Tr::kBlockM * Tr::kPanelBytes + byte, 16, 1024);
+    const uint64_t desc_k =
+        fa::wgmma_desc_sw128(k_base + panel * Tr::kBlockN * Tr::kPanelBytes + byte, 16, 1024);
+    fa::wgmma_ss<T, Tr::kBlockN>(s[0], desc_q, desc_k, k_step > 0);  // step 0 overwrites S
+  }
+  fa::wgmma_commit();
+}
+
+/// Sets \f$S_{ij} = -\infty\f$ where key j does not exist (\f$j \ge N_k\f$, the ragged last
+/// block) or, under causal masking, where \f$j > i + N_k - N_q\f$ (bottom-right aligned).
+/// `q_row0` is the sequence position of this thread's first row (tile row warp_row0 + group);
+/// a thread holds rows q_row0 + 16 mi + 8 h, and keys kv_start + 8 nj + 2 quad + {0, 1}.
+template <class Tr>
+__device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS][4], int q_row0,
+                                           int kv_start, int seqlen_q, int seqlen_k, bool causal,
+                                           int lane) {
+  const int first_key = kv_start + 2 * (lane & 3);
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = q_row0 + 16 * mi + 8 * h;
+      // Row `row` sees keys [0, key_end).
+      const int key_end = causal ? min(seqlen_k, row + seqlen_k - seqlen_q + 1) : seqlen_k;
+#pragma unroll
+      for (int nj = 0; nj < Tr::kNTilesS; ++nj)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (first_key + 8 * nj + e >= key_end) s[mi][nj][2 * h + e] = -INFINITY;
+    }
+}
+
+/// The online softmax of FlashAttention-2 for one K/V block, per row i of this warp:
+/// \f[ m_i^{new} = \max(m_i, \max_j S_{ij}),\quad
+///     \ell_i \leftarrow e^{c (m_i - m_i^{new})} \ell_i + \sum_j P_{ij},\quad
+///     O_i \leftarrow e^{c (m_i - m_i^{new})} O_i,\quad P_{ij} = e^{c (S_{ij} - m_i^{new})} \f]
+/// with c the softmax scale. In base 2, \f$e^{c x} = 2^{x c \log_2 e}\f$, so with
+/// `scale_log2` \f$= c \log_2 e\f$ each probability is one FFMA and one ex2. The row max is
+/// reduced across the 4 lanes (a quad) that share a row; row_sum stays a per-lane partial
+/// sum until the epilogue. The rescale factor is exactly 1 for a row whose max did not grow,
+/// so the warp skips the o_acc multiplications when none of its rows' max grew (one vote,
+/// a warp-uniform branch), which is most blocks once a row has seen a few of them. A row
+/// with no visible key yet has \f$m = -\infty\f$: the subtracted max is then taken as 0
+/// so that no \f$-\infty - (-\infty)\f$ makes a NaN. On return s holds \f$P\f$
+/// (unnormalized, fp32).
+template <class Tr>
+__device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTilesS][4],
+                                               float (&row_max)[Tr::kMTiles][2],
+                                               float (&row_sum)[Tr::kMTiles][2],
+                                               float (&o_acc)[Tr::kMTiles][Tr::kNTilesO][4],
+                                               float scale_log2) {
+  float m_new[Tr::kMTiles][2];
+  bool max_grew = false;
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float m = row_max[mi][h];
+#pragma unroll
+      for (int nj = 0; nj < Tr::kNTilesS; ++nj)
+        m = fmaxf(m, fmaxf(s[mi][nj][2 * h], s[mi][nj][2 * h + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      max_grew |= m > row_max[mi][h];
+      m_new[mi][h] = m;
+    }
+  if (__any_sync(0xffffffffu, max_grew)) {
+#pragma unroll
+    for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
+        // exp(c (m_old - m_new)); 0 when the row had no visible key before (m_old = -inf).
+        const float rescale = fa::exp2_approx(row_max[mi][h] * scale_log2 - m_scaled);
+        row_sum[mi][h] *= rescale;
+#pragma unroll
+        for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
+          o_acc[mi][nd][2 * h] *= rescale;
+          o_acc[mi][nd][2 * h + 1] *= rescale;
+        }
+      }
+  }
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[mi][h] = m_new[mi][h];
+      const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
+      float block_sum = 0.f;
+#pragma unroll
+      for (int nj = 0; nj < Tr::kNTilesS; ++nj)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = fa::exp2_approx(fmaf(s[mi][nj][2 * h + e], scale_log2, -m_scaled));
+          s[mi][nj][2 * h + e] = p;
+          block_sum += p;
+        }
+      row_sum[mi][h] += block_sum;
+    }
+}
+
+/// P as the A operand of \f$P V\f$: the accumulator fragments of the S tiles 2 kk and 2 kk + 1
+/// (keys 16 kk ... 16 kk + 15), rounded to T and packed in pairs, are the wgmma A fragment of
+/// k-step kk (per warp: a0 = rows 0-7 keys 0-7, a1 = rows 8-15 keys 0-7, a2 = rows 0-7 keys
+/// 8-15, a3 = rows 8-15 keys 8-15), exactly as for step 06's mma. P never leaves registers.
+template <class Tr, typename T>
+__device__ __forceinline__ void pack_p(const float (&p)[Tr::kMTiles][Tr::kNTilesS][4],
+                                       uint32_t (&p_frag)[Tr::kBlockN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
+    p_frag[kk][0] = fa::pack2<T>(p[0][2 * kk][0], p[0][2 * kk][1]);
+    p_frag[kk][1] = fa::pack2<T>(p[0][2 * kk][2], p[0][2 * kk][3]);
+    p_frag[kk][2] = fa::pack2<T>(p[0][2 * kk + 1][0], p[0][2 * kk + 1][1]);
+    p_frag[kk][3] = fa::pack2<T>(p[0][2 * kk + 1][2], p[0][2 * kk + 1][3]);
+  }
+}
+
+/// Starts \f$O_w \mathrel{+}= P_w V_j\f$ for this warpgroup's 64 rows: one wgmma per 16 keys,
+/// A = P from registers (pack_p()), B = V from shared memory as it landed, key by key. B of
+/// \f$P V\f$ has its k index (the key) along V's rows, so the descriptor says "N-major"
+/// (transposed B) and the hardware reads V column-wise without a transposed copy: per k-step,
+/// 16 keys are two groups of 8 rows 1024 bytes apart, and along d the 64-column panels are
+/// kBlockN x 128 bytes apart. Asynchronous: o_acc is valid after fa::wgmma_wait().
+template <class Tr, typename T>
+__device__ __forceinline__ void accumulate_pv(float (&o_acc)[Tr::kMTiles][Tr::kNTilesO][4],
+                                              uint32_t (&p_frag)[Tr::kBlockN / 16][4],
+                                              const char* v_tile) {
+  const uint32_t v_base = fa::smem_u32(v_tile);
+  fa::fence_operand(p_frag);
+  fa::fence_operand(o_acc[0]);
+  fa::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
+    const uint64_t desc_v = fa::wgmma_desc_sw128(v_base + kk * 16 * Tr::kPanelBytes,
+                                                 Tr::kBlockN * Tr::kPanelBytes, 1024);
+    fa::wgmma_rs<T, Tr::kHeadDim, /*kTransB=*/1>(o_acc[0], p_frag[kk], desc_v, 1);
+  }
+  fa::wgmma_commit();
+}
+
+// ------------------------------------------------------------------------------------------
+// Epilogue: O = o_acc / row_sum and L = m + log(row_sum)
+// ------------------------------------------------------------------------------------------
+
+/// Finishes this warpgroup's 64 rows of the Q block that starts at row q_start of (batch,
+/// head): reduces each row's partial row_sum over its quad, writes \f$O_i = o_i / \ell_i\f$
+/// and, when args.lse is not null, \f$L_i = c\, m_i + \ln \ell_i\f$ (natural log of the
+/// scaled scores, c = args.scale). A row that saw no key (\f$\ell_i = 0\f$) gets \f$O_i = 0\f$
+/// and \f$L_i = +\infty\f$. O goes through the warpgroup's own rows of the Q tile (its wgmma
+/// are done reading them), in the swizzled panel layout, and leaves with one TMA store per
+/// panel; the TMA drops rows at or past \f$N_q\f$ (a ragged last Q block).
+template <class Tr, typename T>
+__device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::kNTilesO][4],
+                                                float (&row_max)[Tr::kMTiles][2],
+                                                float (&row_sum)[Tr::kMTiles][2], char* o_stage,
+                                                const CUtensorMap* tmap_o, const fa_fwd_args& args,
+                                                int batch, int head, int q_start, int consumer,
+                                                int wg_tid) {
+  const int seqlen = args.seqlen_q;
+  float* const lse = args.lse == nullptr
+                         ? nullptr
+                         : args.lse + (static_cast<int64_t>(batch) * args.heads + head) * seqlen;
+  const int lane = wg_tid % 32;
+  const int group = lane / 4, quad = lane % 4;
+  const int wg_row0 = consumer * Tr::kConsumerRows;
+  const int warp_row0 = wg_row0 + (wg_tid / 32) * 16;
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = row_sum[mi][h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
+      const int tile_row = warp_row0 + 16 * mi + 8 * h + group;
+      if (lse != nullptr && quad == 0 && q_start + tile_row < seqlen)
+        lse[q_start + tile_row] = sum > 0.f ? row_max[mi][h] * args.scale + logf(sum) : INFINITY;
+#pragma unroll
+      for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
+        const uint32_t packed =
+            fa::pack2<T>(o_acc[mi][nd][2 * h] * inv_sum, o_acc[mi][nd][2 * h + 1] * inv_sum);
+        *reinterpret_cast<uint32_t*>(o_stage + swizzle<Tr, Tr::kBlockM>(tile_row, nd) + 4 * quad) =
+            packed;
+      }
+    }
+  fa::fence_proxy_async_smem();                     // the TMA reads what the threads wrote
+  fa::named_barrier_sync(1 + consumer, 128);        // the warpgroup's O rows are staged
+  if (wg_tid == 0 && q_start + wg_row0 < seqlen) {  // a box wholly past N_q stores nothing
+    const int batch_o = args.o.batch_stride != 0 ? batch : 0;
+#pragma unroll
+    for (int p = 0; p < Tr::kPanels; ++p)
+      fa::tma_store_4d(tmap_o,
+                       o_stage + p * Tr::kBlockM * Tr::kPanelBytes + wg_row0 * Tr::kPanelBytes,
+                       p * Tr::kPanelCols, q_start + wg_row0, head, batch_o);
+    fa::tma_store_commit();
+    fa::tma_store_wait_read();  // the shared memory stays valid until the TMA has read it
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// The kernel
+// ------------------------------------------------------------------------------------------
+
+/// FlashAttention-2 forward on Hopper, warp-specialized. One thread block per (Q block, head,
+/// batch), in step 06's order (`group_pairs`, see launch()), with three warpgroups: warpgroup
+/// 0 produces (TMA loads of Q and of the K/V ring), warpgroups 1 and 2 consume, each owning
+/// 64 rows of the Q block. Per K/V block j, a consumer waits for K_j, computes
+/// \f$S = Q_w K_j^T\f$ by wgmma, releases K_j, masks, updates its online softmax, waits for
+/// V_j, adds \f$P V_j\f$ by wgmma and releases V_j; its S, softmax statistics and o_acc stay
+/// in registers, as in step 06. The tensor maps describe Q, K, V and O as 4-D tensors
+/// (column, row, head, batch) with 128-byte swizzled boxes (make_tensor_map()).
+template <typename T, int kHeadDim, int kBlockN>
+__global__ void __launch_bounds__(Traits<kHeadDim, kBlockN>::kNumThreads, 1)
+    flash_forward_kernel(const fa_fwd_args args, const __grid_constant__ CUtensorMap tmap_q,
+                         const __grid_constant__ CUtensorMap tmap_k,
+                         const __grid_constant__ CUtensorMap tmap_v,
+                         const __grid_constant__ CUtensorMap tmap_o, const float scale_log2,
+                         const int group_pairs) {
+  using Tr = Traits<kHeadDim, kBlockN>;
+  extern __shared__ char smem_raw[];
+  // The 128-byte swizzle repeats every 1024 bytes: the tiles start on a 1024-byte boundary.
+  char* const smem = smem_raw + ((1024 - (fa::smem_u32(smem_raw) & 1023)) & 1023);
+  char* const q_tile = smem;
+  char* const k_stages = q_tile + Tr::kQBytes;                  // buffer s at s * kKBytes
+  char* const v_stages = k_stages + Tr::kStages * Tr::kKBytes;  // buffer s at s * kVBytes
+  auto* const bar = reinterpret_cast<Barriers<Tr::kStages>*>(smem + Tr::kTileBytes);
+
+  // Which (q_block, head, batch) this thread block computes, in the order launch() explains.
+  const int num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int num_pairs = args.batch * args.heads;
+  const int group = blockIdx.x / (group_pairs * num_q_blocks);
+  const int in_group = blockIdx.x - group * group_pairs * num_q_blocks;
+  const int pairs_in_group = min(group_pairs, num_pairs - group * group_pairs);
+  const int q_block = num_q_blocks - 1 - in_group / pairs_in_group;  // last Q blocks first
+  const int pair = group * group_pairs + in_group % pairs_in_group;
+  const int head = pair % args.heads;
+  const int batch = pair / args.heads;
+  const int head_kv = head / (args.heads / args.heads_kv);
+  const int seqlen_q = args.seqlen_q;
+  const int seqlen_k = args.seqlen_k;
+  const int q_start = q_block * Tr::kBlockM;
+  // A tensor whose batch stride is 0 (one batch shared by all) is mapped with one batch.
+  const int batch_q = args.q.batch_stride != 0 ? batch : 0;
+  const int batch_k = args.k.batch_stride != 0 ? batch : 0;
+  const int batch_v = args.v.batch_stride != 0 ? batch : 0;
+
+  int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  // Under causal masking the block's last row sees keys [0, last_key]: the blocks past the
+  // one that holds last_key are entirely masked, so the loop stops there.
+  const int first_masked_key = q_start + seqlen_k - seqlen_q + 1;  // first row's key_end
+  if (args.causal) {
+    const int last_key = min(q_start + Tr::kBlockM, seqlen_q) - 1 + seqlen_k - seqlen_q;
+    n_blocks = min(n_blocks, (last_key + Tr::kBlockN) / Tr::kBlockN);  // <= 0: no key
+  }
+
+  if (threadIdx.x == 0) {
+    fa::mbarrier_init(&bar->q_full, 1);
+    for (int s = 0; s < Tr::kStages; ++s) {
+      fa::mbarrier_init(&bar->k_full[s], 1);  // the producer's arrival (+ the TMA bytes)
+      fa::mbarrier_init(&bar->v_full[s], 1);
+      fa::mbarrier_init(&bar->k_empty[s], Tr::kNumConsumerWarps);  // one arrival per warp
+      fa::mbarrier_init(&bar->v_empty[s], Tr::kNumConsumerWarps);
+    }
+    fa::fence_barrier_init();
+  }
+  __syncthreads();  // the barriers are initialized before anyone uses them
+
+  const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);  // warp-uniform
+  if (warpgroup == 0) {
+    // ---- Producer: one thread issues every load; the other 127 have nothing to do. ----
+    fa::setmaxnreg_dec<Tr::kProducerRegs>();
+    if (threadIdx.x == 0 && n_blocks > 0) {
+      fa::tma_prefetch_descriptor(&tmap_q);
+      fa::tma_prefetch_descriptor(&tmap_k);
+      fa::tma_prefetch_descriptor(&tmap_v);
+      load_q_k_v<Tr>(q_tile, k_stages, v_stages, bar, &tmap_q, &tmap_k, &tmap_v, q_start, head,
+                     head_kv, batch_q, batch_k, batch_v, n_blocks);
+    }
+  } else {
+    // ---- Consumers: warpgroup 1 owns rows [0, 64) of the Q block, warpgroup 2 [64, 128). ----
+    fa::setmaxnreg_inc<Tr::kConsumerRegs>();
+    const int consumer = warpgroup - 1;
+    const int wg_tid = threadIdx.x % 128;
+    const int lane = threadIdx.x % 32;
+    const int wg_row0 = consumer * Tr::kConsumerRows;    // this warpgroup's first Q tile row
+    const int warp_row0 = wg_row0 + (wg_tid / 32) * 16;  // this warp's first Q tile row
+
+    // On-chip state of this warp's rows for the whole K/V loop.
+    float o_acc[Tr::kMTiles][Tr::kNTilesO][4];
+    float row_max[Tr::kMTiles][2];
+    float row_sum[Tr::kMTiles][2];
+#pragma unroll
+    for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+#pragma unroll
+      for (int nd = 0; nd < Tr::kNTilesO; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_acc[mi][nd][e] = 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        row_max[mi][h] = -INFINITY;
+        row_sum[mi][h] = 0.f;
+      }
+    }
+
+    if (n_blocks > 0) {  // else: sees no key at all (N_q > N_k): O = 0, L = +inf
+      fa::mbarrier_wait(&bar->q_full, 0);
+#pragma unroll 1
+      for (int kv_block = 0; kv_block < n_blocks; ++kv_block) {
+        const int kv_start = kv_block * Tr::kBlockN;
+        const int stage = kv_block % Tr::kStages;
+        const uint32_t parity = (kv_block / Tr::kStages) & 1;
+        const char* const k_tile = k_stages + stage * Tr::kKBytes;
+        const char* const v_tile = v_stages + stage * Tr::kVBytes;
+
+        float s[Tr::kMTiles][Tr::kNTilesS][4];
+        fa::mbarrier_wait(&bar->k_full[stage], parity);  // K_j has landed
+        compute_scores<Tr, T>(s, q_tile, k_tile, wg_row0);
+        fa::wgmma_wait<0>();
+        fa::fence_operand(s[0]);
+        if (lane == 0) fa::mbarrier_arrive(&bar->k_empty[stage]);  // this warp is done with K_j
+        // Only the blocks that cross the diagonal (some key past the first row's key_end) and
+        // the ragged last block need the mask; all others take the mask-free path.
+        const bool needs_mask = (args.causal && kv_start + Tr::kBlockN > first_masked_key) ||
+                                kv_start + Tr::kBlockN > seqlen_k;
+        if (needs_mask)
+          apply_mask<Tr>(s, q_start + warp_row0 + lane / 4, kv_start, seqlen_q, seqlen_k,
+                         args.causal, lane);
+
+        online_softmax<Tr>(s, row_max, row_sum, o_acc, scale_log2);
+        uint32_t p_frag[Tr::kBlockN / 16][4];
+        pack_p<Tr, T>(s, p_frag);
+        fa::mbarrier_wait(&bar->v_full[stage], parity);  // V_j has landed
+        accumulate_pv<Tr, T>(o_acc, p_frag, v_tile);
+        fa::wgmma_wait<0>();
+        fa::fence_operand(o_acc[0]);
+        if (lane == 0) fa::mbarrier_arrive(&bar->v_empty[stage]);  // this warp is done with V_j
+      }
+    }
+
+    store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, q_tile, &tmap_o, args, batch, head, q_start,
+                           consumer, wg_tid);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Launcher
+// ------------------------------------------------------------------------------------------
+
+/// The driver's cuTensorMapEncodeTiled, looked up once through the runtime, so that nothing
+/// links the driver library; null if the driver does not have it.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                             cudaEnableDefault, &found);
+#else
+    const cudaError_t err =
+        cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
+    return (err == cudaSuccess && found == cudaDriverEntryPointSuccess)
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
+               : nullptr;
+  }();
+  return encode;
+}
+
+/// Describes BSHD tensor `t` to the TMA as a 4-D tensor (column, row, head, batch) of T with
+/// its own strides, read and written in boxes of 64 columns (128 bytes, the swizzle width) x
+/// `box_rows` rows of one head and batch, 128-byte swizzled in shared memory. The 4-D map is
+/// what keeps a box that runs past the last row of a head from reading the next head's rows:
+/// those rows are outside the tensor, so they come in as zeros (and are not written by a
+/// store). A tensor with batch stride 0 gets one batch, read by every thread block.
+template <typename T>
+fa_status make_tensor_map(CUtensorMap* map, const char* name, const fa_tensor& t, int seqlen,
+                          int heads, int batch, int box_rows, int head_dim) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr)
+    return fa::set_error(FA_ERR_CUDA, "%s: the driver has no cuTensorMapEncodeTiled", FA_STEP_NAME);
+  constexpr int64_t kMaxStride = int64_t{1} << 40;  // bytes, a TMA limit
+  const int64_t row_bytes = t.row_stride * 2, head_bytes = t.head_stride * 2;
+  const int64_t batch_bytes =
+      t.batch_stride != 0 ? t.batch_stride * 2 : std::max(row_bytes, head_bytes);
+  if (row_bytes >= kMaxStride || head_bytes >= kMaxStride || batch_bytes >= kMaxStride)
+    return fa::set_error(FA_ERR_UNSUPPORTED,
+                         "%s: %s has a stride of 2^40 bytes or more, beyond what the TMA takes",
+                         FA_STEP_NAME, name);
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(seqlen),
+                              static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(t.batch_stride != 0 ? batch : 1)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(row_bytes),
+                                 static_cast<cuuint64_t>(head_bytes),
+                                 static_cast<cuuint64_t>(batch_bytes)};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type = std::is_same<T, __half>::value
+                                       ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                       : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUresult r = encode(map, type, 4, t.ptr, dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return fa::set_error(
+        FA_ERR_UNSUPPORTED,
+        "%s: the TMA cannot describe %s (cuTensorMapEncodeTiled error %d; "
+        "strides in elements: batch %lld, row %lld, head %lld)",
+        FA_STEP_NAME, name, static_cast<int>(r), static_cast<long long>(t.batch_stride),
+        static_cast<long long>(t.row_stride), static_cast<long long>(t.head_stride));
+  return FA_OK;
+}
+
+/// Launches the kernel for one dtype and head dimension: one thread block per (Q block, head,
+/// batch), in a one-dimensional grid whose order the kernel decodes. The (batch, head) pairs
+/// are taken in groups; inside a group the thread blocks start with the last Q block of every
+/// pair, then the one before it, and so on. Under causal masking the last Q blocks do the
+/// most work, so the longest thread blocks start first and the short ones fill the tail of
+/// the grid. A group holds at least 4 waves of resident thread blocks, enough for that order
+/// to balance the SMs, and no more pairs than that, so that the thread blocks that read the
+/// same K and V run at the same time and share them in L2. Without causal masking every
+/// thread block has the same work and a group is one pair: one head's Q blocks run together.
+template <typename T, int kHeadDim, int kBlockN = TileShape<kHeadDim>::kBlockN>
+fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
+  using Tr = Traits<kHeadDim, kBlockN>;
+  const auto kernel = flash_forward_kernel<T, kHeadDim, kBlockN>;
+  // More than 48 KiB of dynamic shared memory must be asked for explicitly.
+  FA_CUDA_TRY(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  CUtensorMap tmap_q, tmap_k, tmap_v, tmap_o;
+  fa_status st = FA_OK;
+  if ((st = make_tensor_map<T>(&tmap_q, "q", args.q, args.seqlen_q, args.heads, args.batch,
+                               Tr::kBlockM, kHeadDim)) != FA_OK ||
+      (st = make_tensor_map<T>(&tmap_k, "k", args.k, args.seqlen_k, args.heads_kv, args.batch,
+                               Tr::kBlockN, kHeadDim)) != FA_OK ||
+      (st = make_tensor_map<T>(&tmap_v, "v", args.v, args.seqlen_k, args.heads_kv, args.batch,
+                               Tr::kBlockN, kHeadDim)) != FA_OK ||
+      (st = make_tensor_map<T>(&tmap_o, "o", args.o, args.seqlen_q, args.heads, args.batch,
+                               Tr::kConsumerRows, kHeadDim)) != FA_OK)
+    return st;
+  const int64_t num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int64_t num_pairs = static_cast<int64_t>(args.batch) * args.heads;
+  if (num_q_blocks * num_pairs > INT32_MAX)
+    return fa::set_error(FA_ERR_UNSUPPORTED, "%s: more than 2^31 - 1 thread blocks", FA_STEP_NAME);
+  int64_t group_pairs = 1;
+  if (args.causal) {
+    int device = 0, num_sms = 0, blocks_per_sm = 0;
+    FA_CUDA_TRY(cudaGetDevice(&device));
+    FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
+                                                              Tr::kNumThreads, Tr::kSmemBytes));
+    const int64_t resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
+    const int64_t num_groups = std::max<int64_t>(1, num_q_blocks * num_pairs / (4 * resident));
+    group_pairs = (num_pairs + num_groups - 1) / num_groups;
+  }
+  const dim3 grid(static_cast<unsigned>(num_q_blocks * num_pairs));
+  constexpr double kLog2e = 1.4426950408889634;
+  const float scale_log2 = static_cast<float>(args.scale * kLog2e);
+  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
+      args, tmap_q, tmap_k, tmap_v, tmap_o, scale_log2, static_cast<int>(group_pairs));
+  FA_LAUNCH_TRY();
+  return FA_OK;
+}
+
+/// K/V rows per block for a tuning run: FA_HOPPER_BLOCK_N=192 in the environment selects the
+/// 192-key blocks (both head dims, both dtypes), anything else the default of TileShape.
+int tuning_block_n() {
+  static const int block_n = [] {
+    const char* env = std::getenv("FA_HOPPER_BLOCK_N");
+    return env != nullptr && std::atoi(env) == 192 ? 192 : 0;
+  }();
+  return block_n;
+}
+
+/// The step's forward pass: picks the kernel for the dtype and head dimension.
+fa_status forward(const fa_fwd_args& args, cudaStream_t stream) {
+  const bool bf16 = args.dtype == FA_BF16;
+  const bool wide = tuning_block_n() == 192;
+  switch (args.head_dim) {
+    case 64:
+      if (wide)
+        return bf16 ? launch<__nv_bfloat16, 64, 192>(args, stream)
+                    : launch<__half, 64, 192>(args, stream);
+      return bf16 ? launch<__nv_bfloat16, 64>(args, stream) : launch<__half, 64>(args, stream);
+    case 128:
+      if (wide)
+        return bf16 ? launch<__nv_bfloat16, 128, 192>(args, stream)
+                    : launch<__half, 128, 192>(args, stream);
+      return bf16 ? launch<__nv_bfloat16, 128>(args, stream) : launch<__half, 128>(args, stream);
+    default:
+      return fa::set_error(FA_ERR_UNSUPPORTED, "%s: head_dim %d is not supported", FA_STEP_NAME,
+                           args.head_dim);
+  }
+}
+
+/// Head dimensions this step was built for.
+bool supports_head_dim(int d) {
+  return d == 64 || d == 128;
+}
+
+}  // namespace
+
+FA_REGISTER_STEP_FOR_SM(90, "FA2 forward on Hopper: TMA, wgmma, producer/consumer warpgroups",
+                        forward, nullptr, supports_head_dim);

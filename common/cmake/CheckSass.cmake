@@ -1,0 +1,36 @@
+# cmake -DCUOBJDUMP=<cuobjdump> -DLIB=<static library> -DREQUIRE=<a|b> -DFORBID=<c|d>
+#       -P CheckSass.cmake
+# Disassembles LIB and fails unless each regex of REQUIRE occurs in its SASS and none of
+# FORBID does ('|' separates the regexes). Prints the architectures and how often each
+# pattern occurs. Used by fa_add_sass_check() (FaSteps.cmake).
+cmake_minimum_required(VERSION 3.25)
+if(NOT CUOBJDUMP OR NOT EXISTS "${CUOBJDUMP}")
+  message(FATAL_ERROR "cuobjdump not found (CUDA toolkit's bin folder)")
+endif()
+execute_process(COMMAND "${CUOBJDUMP}" --dump-sass "${LIB}" OUTPUT_VARIABLE sass
+                ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "cuobjdump --dump-sass ${LIB} failed (${rc}): ${err}")
+endif()
+string(REGEX MATCHALL "arch = sm_[0-9a-z]+" archs "${sass}")
+list(REMOVE_DUPLICATES archs)
+get_filename_component(lib_name "${LIB}" NAME)
+message(STATUS "${lib_name}: ${archs}")
+set(failed FALSE)
+string(REPLACE "|" ";" require "${REQUIRE}")
+string(REPLACE "|" ";" forbid "${FORBID}")
+foreach(pattern IN LISTS require forbid)
+  string(REGEX MATCHALL "[ \t;]${pattern}[. ;]" hits "${sass}")
+  list(LENGTH hits n)
+  message(STATUS "  ${pattern}: ${n} instructions")
+  if(pattern IN_LIST require AND n EQUAL 0)
+    message(SEND_ERROR "${lib_name}: no ${pattern} instruction in the SASS")
+    set(failed TRUE)
+  elseif(pattern IN_LIST forbid AND n GREATER 0)
+    message(SEND_ERROR "${lib_name}: ${n} ${pattern} instructions in the SASS")
+    set(failed TRUE)
+  endif()
+endforeach()
+if(failed)
+  message(FATAL_ERROR "SASS check failed")
+endif()

@@ -1,6 +1,6 @@
 /// \file harness.h
 /// \brief Runs a step on the GPU: device copies of a problem, poisoned outputs, checks against
-/// the fp64 oracle, CUDA-event timing, and the two ceilings measured at start-up.
+/// the fp64 oracle, CUDA-event timing, and the ceilings measured at start-up.
 #ifndef FA_HARNESS_H_
 #define FA_HARNESS_H_
 
@@ -146,8 +146,9 @@ MeasureOptions measure_options(const Flags& flags, uint64_t seed) {
 ResultRow measure(const std::string& step, const std::string& direction, DeviceProblem& dp,
                   const HostProblem& p, const MeasureOptions& options);
 
-/// The two ceilings, measured on the current GPU: dense mma.sync m16n8k16 (fp16 in, fp32
-/// accumulate, all SMs, no memory traffic) and a cuBLAS GEMM (8192^3, fp16, fp32 accumulate).
+/// The ceilings, measured on the current GPU: dense mma.sync m16n8k16 (fp16 in, fp32
+/// accumulate, all SMs, no memory traffic), a cuBLAS GEMM (8192^3, fp16, fp32 accumulate), and
+/// a device-to-device copy of 1 GiB with 16-byte loads ((bytes read + written) / time, GB/s).
 Ceilings measure_ceilings();
 
 }  // namespace fa

@@ -87,8 +87,8 @@ void compute_rates(std::vector<ResultRow>* rows, const Ceilings& ceilings) {
     r.pct_cublas = ceilings.cublas_tflops > 0 ? 100.0 * r.tflops / ceilings.cublas_tflops : 0;
     r.gbps = r.pct_copy = 0;
     if (r.direction == "fwd") {
-      r.gbps = kv_bytes(s.batch, s.heads_kv, s.seqlen_k, s.head_dim) / (r.timing.median_ms * 1e-3) /
-               1e9;
+      r.gbps =
+          kv_bytes(s.batch, s.heads_kv, s.seqlen_k, s.head_dim) / (r.timing.median_ms * 1e-3) / 1e9;
       r.pct_copy = ceilings.copy_gbps > 0 ? 100.0 * r.gbps / ceilings.copy_gbps : 0;
     }
   }
@@ -124,10 +124,11 @@ void print_table(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings,
      << " TFLOP/s, device-memory copy " << fmt("%.0f", ceilings.copy_gbps)
      << " GB/s (GB/s: K and V bytes read once / time)\n";
   char line[512];
-  std::snprintf(line, sizeof line,
-                "%-20s %-3s %-4s %3s %5s %6s %6s %4s %-6s %9s %7s %8s %6s %6s %6s %5s %7s %7s  %s\n",
-                "step", "dir", "dt", "B", "H/kv", "Nq", "Nk", "d", "mask", "ms", "spread",
-                "TFLOP/s", "%mma", "%cuBL", "GB/s", "%copy", "vs prev", "vs 01", "check");
+  std::snprintf(
+      line, sizeof line,
+      "%-20s %-3s %-4s %3s %5s %6s %6s %4s %-6s %9s %7s %8s %6s %6s %6s %5s %7s %7s  %s\n", "step",
+      "dir", "dt", "B", "H/kv", "Nq", "Nk", "d", "mask", "ms", "spread", "TFLOP/s", "%mma", "%cuBL",
+      "GB/s", "%copy", "vs prev", "vs 01", "check");
   os << line;
   for (const ResultRow& r : rows) {
     const ProblemShape& s = r.shape;
@@ -211,10 +212,9 @@ void write_json(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings, 
        << ", \"tflops\": " << json_num(r.tflops) << ", \"pct_mma\": " << json_num(r.pct_mma)
        << ", \"pct_cublas\": " << json_num(r.pct_cublas)
        << ", \"speedup_prev\": " << json_num(r.speedup_prev)
-       << ", \"speedup_first\": " << json_num(r.speedup_first)
-       << ", \"gbps\": " << json_num(r.gbps) << ", \"pct_copy\": " << json_num(r.pct_copy)
-       << ", \"error\": \""
-       << json_escape(r.error) << "\"}";
+       << ", \"speedup_first\": " << json_num(r.speedup_first) << ", \"gbps\": " << json_num(r.gbps)
+       << ", \"pct_copy\": " << json_num(r.pct_copy) << ", \"error\": \"" << json_escape(r.error)
+       << "\"}";
   }
   os << "\n  ]\n}\n";
 }

@@ -863,26 +863,16 @@ constexpr int kMaxSplits = 256;  ///< splits per Q tile at most
 /// How many chunks to split the K/V sequence of every Q tile into, for `tiles` thread blocks
 /// of whole sequences, `resident` thread blocks that the GPU runs at once (SMs x occupancy)
 /// and `n_blocks` K/V blocks per sequence. When the tiles alone fill every resident slot the
-/// answer is 1: the grid is step 06's. Otherwise the time of the grid is modelled as
-/// (waves of thread blocks) x (K/V blocks per thread block), \f$\lceil tiles \cdot s /
-/// resident \rceil \lceil n\_blocks / s \rceil\f$, and the smallest s that minimizes it is
-/// taken: the tiles are multiplied until they fill one wave (each thread block then walks
-/// 1/s of the keys), never into a second partial wave, and not beyond one K/V block per
-/// split. Decoding with 8 tiles on 264 resident slots and 512 K/V blocks, for example, gives
-/// 32 splits of 16 blocks: 256 thread blocks, 32 times fewer blocks each.
+/// answer is 1: the grid is step 06's. Otherwise the tiles are multiplied as far as one full
+/// wave goes, \f$\lfloor resident / tiles \rfloor\f$ splits (at most one per K/V block and
+/// kMaxSplits): every SM gets its share of thread blocks, each walks 1/s of the keys, and no
+/// second, partial wave of thread blocks runs after the first. Decoding with 8 tiles on 264
+/// resident slots, for example, gives 33 splits (launch() then evens them out to 32 of 16
+/// blocks each for 512 K/V blocks): 256 thread blocks instead of 8, 32 times fewer blocks
+/// each.
 int choose_num_splits(int64_t tiles, int64_t resident, int n_blocks) {
   if (tiles >= resident) return 1;
-  int best = 1;
-  int64_t best_cost = n_blocks;
-  for (int s = 2; s <= std::min(n_blocks, kMaxSplits); ++s) {
-    const int64_t waves = (tiles * s + resident - 1) / resident;
-    const int64_t cost = waves * ((n_blocks + s - 1) / s);
-    if (cost < best_cost) {
-      best = s;
-      best_cost = cost;
-    }
-  }
-  return best;
+  return static_cast<int>(std::min<int64_t>({resident / tiles, n_blocks, kMaxSplits}));
 }
 
 /// Launches the kernels for one dtype, head dimension and tile shape, with `pack` query heads

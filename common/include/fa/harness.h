@@ -105,6 +105,11 @@ struct CheckResult {
 CheckResult check_forward(const std::string& step, DeviceProblem& dp, const HostProblem& p,
                           const std::vector<RowId>& rows);
 
+/// Compares the O and lse that `dp` holds now (as the last forward left them, e.g. one the
+/// caller launched on its own stream and synchronized) with the oracle on `rows`.
+CheckResult compare_forward(const DeviceProblem& dp, const HostProblem& p,
+                            const std::vector<RowId>& rows);
+
 /// Runs a forward (to get O and lse), then one backward of `step`, and compares dQ on
 /// `q_rows`, dK and dV on `kv_rows` with the oracle.
 CheckResult check_backward(const std::string& step, DeviceProblem& dp, const HostProblem& p,

@@ -350,6 +350,13 @@ CheckResult check_forward(const std::string& step, DeviceProblem& dp, const Host
   dp.poison_outputs();
   const fa_fwd_args args = dp.forward_args();
   if (!finished(fa_forward(step.c_str(), &args, nullptr), &result)) return result;
+  return compare_forward(dp, p, rows);
+}
+
+CheckResult compare_forward(const DeviceProblem& dp, const HostProblem& p,
+                            const std::vector<RowId>& rows) {
+  CheckResult result;
+  result.ran = result.ok = true;
   std::vector<float> o, lse;
   dp.download_forward(&o, &lse);
   const ForwardRef ref = reference_forward(p, rows);

@@ -141,8 +141,9 @@ DecodeProblem draw_decode_problem(uint64_t seed, const std::string& step, int ma
   s.seqlen_q = 1 + below(16);
   s.seqlen_k = std::clamp(
       static_cast<int>(std::exp(unit() * std::log(static_cast<double>(max_k) + 1.0))), 1, max_k);
-  // Keep the K/V tensors (and the oracle's work) bounded: at most 16M elements each.
-  while (static_cast<double>(s.batch) * s.seqlen_k * s.heads_kv * s.head_dim > 16.0 * (1 << 20)) {
+  // Keep the K/V tensors (and the oracle's work) bounded: at most 8M elements each, which
+  // still allows 64K keys of one K/V head at d = 128.
+  while (static_cast<double>(s.batch) * s.seqlen_k * s.heads_kv * s.head_dim > 8.0 * (1 << 20)) {
     if (s.batch > 1)
       --s.batch;
     else if (s.heads_kv > 1)

@@ -566,9 +566,10 @@ __device__ __forceinline__ void store_partial_o_and_lse(
 /// all padding only helps load. K and V have kStages shared-memory stages in a ring: at the
 /// top of block j (one barrier) the thread block starts loading block j + kStages - 1 into the
 /// stage that block j - 1 just left, and it lands while blocks j ... j + kStages - 2 are
-/// computed. With one chunk the tile writes O and L (store_o_and_lse), else its chunk's
-/// partial result (store_partial_o_and_lse). `group_pairs` sets the order of the thread blocks
-/// (see launch()).
+/// computed. Unsplit (kSplit false: one chunk, all the keys, step 06's kernel) the tile writes
+/// O and L (store_o_and_lse); split, each thread block writes its chunk's partial result
+/// (store_partial_o_and_lse) for combine_splits_kernel. `group_pairs` sets the order of the
+/// thread blocks (see launch()).
 template <typename T, class Tr, bool kSplit>
 __global__ void __launch_bounds__(Tr::kNumThreads)
     flash_forward_kernel(const fa_fwd_args args, const float scale_log2, const int group_pairs,

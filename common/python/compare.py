@@ -9,6 +9,7 @@ Usage (on a machine with an sm_80+ GPU, PyTorch and a built libfa):
         --head-dims 128 --causal 1 --directions fwd --out /tmp/mine.json
     python3 common/python/compare.py --log-dir "$OUT"   # also copy the JSON and the log there
     python3 common/python/compare.py --merge a.json b.json --out all.json   # join partial runs
+    python3 common/python/compare.py --decode --steps 06_causal_skip,08_split_kv --backends flash
     python3 common/python/compare.py --help
 
 For every shape of the sweep (16K tokens: batch = 16384 / seqlen; hidden 2048: heads =
@@ -33,6 +34,18 @@ that Python's launch overhead (a few microseconds that the C++ harness does not 
 hidden behind the GPU work instead of being timed. TFLOP/s use the harness's FLOP counts:
 forward 4 B H Nq Nk d over unmasked pairs only, backward 2.5x forward.
 
+Decoding (--decode): instead of the paper's sweep, few query rows against long key sequences,
+the shapes of text generation: seqlen_q in --seqlens-q (1, 16), seqlen_k in --seqlens-k (1K..128K),
+batch in --batches (1..64), --heads query heads (32) with --heads-kv key/value heads (8, 32),
+head dim 128, no mask and the forward pass unless --head-dims, --causal or --directions say
+else; shapes whose K and V exceed --max-kv-gib are left out. SDPA gets GQA through enable_gqa,
+and under causal masking with seqlen_q != seqlen_k the bottom-right mask the steps use
+(torch.nn.attention.bias.causal_lower_right). These shapes are bound by reading K and V, not by
+FLOPs: each forward row also gets gbps, the bytes of K and V (each read once) per second, and
+pct_copy, that as a percentage of a device-to-device copy measured at the start of the run
+(torch's copy_ of 1 GiB, bytes read + written over the median time; "ceilings" in the JSON).
+The JSON goes to docs/results/<gpu-slug>-decode.json by default.
+
 Output: a JSON (GPU, driver, CUDA, torch and cuDNN versions, commit, date, command, and one
 row per implementation x direction x shape) at --out, by default docs/results/<gpu-slug>.json;
 a table on stdout; a progress line on stderr. The JSON is rewritten after every shape, so an
@@ -43,6 +56,7 @@ table and docs/results.md with common/python/results.py.
 
 import argparse
 import datetime
+import itertools
 import json
 import math
 import os
@@ -89,6 +103,32 @@ def flops(direction, batch, heads, seqlen_q, seqlen_k, head_dim, causal):
     return 2.5 * f if direction == "bwd" else f
 
 
+def kv_bytes(batch, heads_kv, seqlen_k, head_dim):
+    """Bytes of K and V a forward reads, each element (2 bytes) once, as fa::kv_bytes."""
+    return 2.0 * 2.0 * batch * heads_kv * seqlen_k * head_dim
+
+
+#: The decode sweep's defaults (--decode): the lists the issue that added step 08 asks for.
+DECODE_SEQLENS_Q = [1, 16]
+DECODE_SEQLENS_K = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+DECODE_BATCHES = [1, 4, 16, 64]
+DECODE_HEADS_KV = [8, 32]
+
+
+def decode_shapes(args):
+    """The shapes of the decode sweep, in order, each with its seed."""
+    shapes = []
+    for d, causal, hkv, nq, b, nk in itertools.product(args.head_dims, args.causal, args.heads_kv,
+                                                       args.seqlens_q, args.batches,
+                                                       args.seqlens_k):
+        if args.heads % hkv or kv_bytes(b, hkv, nk, d) > args.max_kv_gib * 2 ** 30:
+            continue
+        shapes.append({"dtype": args.dtype, "batch": b, "heads": args.heads, "heads_kv": hkv,
+                       "seqlen_q": nq, "seqlen_k": nk, "head_dim": d, "causal": bool(causal),
+                       "seed": args.seed + len(shapes)})
+    return shapes
+
+
 def gpu_slug(name):
     """'NVIDIA H200' -> 'nvidia-h200' (the file name of a GPU's results)."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
@@ -132,8 +172,30 @@ def parse_args(argv=None):
                    help="folder for a copy of the JSON and the log (default: $OUT if set)")
     p.add_argument("--merge", nargs="+", metavar="JSON",
                    help="no GPU work: join the rows of these partial runs into --out")
+    p.add_argument("--decode", action="store_true",
+                   help="the decode sweep: few query rows against long keys, with GB/s of K "
+                        "and V against a measured copy ceiling (see the top of this file)")
+    p.add_argument("--seqlens-q", type=int_list, default=DECODE_SEQLENS_Q,
+                   help="decode: query lengths (default: 1,16)")
+    p.add_argument("--seqlens-k", type=int_list, default=DECODE_SEQLENS_K,
+                   help="decode: key lengths (default: 1024,2048,...,131072)")
+    p.add_argument("--batches", type=int_list, default=DECODE_BATCHES,
+                   help="decode: batch sizes (default: 1,4,16,64)")
+    p.add_argument("--heads", type=int, default=32, help="decode: query heads (default: 32)")
+    p.add_argument("--heads-kv", type=int_list, default=DECODE_HEADS_KV,
+                   help="decode: key/value heads (default: 8,32)")
+    p.add_argument("--max-kv-gib", type=float, default=40.0,
+                   help="decode: leave out shapes whose K and V take more (default: 40)")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": smoke tests
     a = p.parse_args(argv)
+    if a.decode:  # decoding: d = 128, no mask (seqlen_q = 1 sees every key anyway), forward
+        given = set(x.split("=")[0] for x in (argv if argv is not None else sys.argv[1:]))
+        if "--head-dims" not in given:
+            a.head_dims = [128]
+        if "--causal" not in given:
+            a.causal = [0]
+        if "--directions" not in given:
+            a.directions = "fwd"
     if a.quick:
         if a.seqlens == p.get_default("seqlens"):
             a.seqlens = [1024, 4096]
@@ -146,6 +208,8 @@ def parse_args(argv=None):
         p.error("--causal takes 0, 1 or 0,1")
     if any(n < 1 for n in a.seqlens) or any(d < 1 for d in a.head_dims):
         p.error("--seqlens and --head-dims must be positive")
+    if any(n < 1 for n in a.seqlens_q + a.seqlens_k + a.batches + a.heads_kv) or a.heads < 1:
+        p.error("--seqlens-q, --seqlens-k, --batches, --heads and --heads-kv must be positive")
     if a.repeats < 1 or a.warmup < 0:
         p.error("--repeats must be >= 1 and --warmup >= 0")
     names = dict((n.split("_", 1)[1], n) for n, _ in BACKENDS)
@@ -156,6 +220,7 @@ def parse_args(argv=None):
     a.backends = [names[b] for b in a.backends]
     if a.merge and not a.out:
         p.error("--merge needs --out")
+    a.copy_gbps = 0.0  # measured by main() for --decode
     return a
 
 
@@ -325,13 +390,27 @@ def stats_over(torch, outs, refs):
 
 
 def sdpa_call(torch, backend, q, k, v, causal, scale):
-    """SDPA forced to one backend on [B, H, N, d] views of BSHD tensors; returns BSHD."""
+    """SDPA forced to one backend on [B, H, N, d] views of BSHD tensors; returns BSHD.
+
+    The mask is the steps' one, bottom-right aligned: is_causal for a square problem; none for
+    a single query row (it sees every key); torch's causal_lower_right bias otherwise (SDPA's
+    is_causal is top-left aligned when seqlen_q != seqlen_k). Fewer K/V heads than query heads
+    (GQA, MQA) go through enable_gqa."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    nq, nk = q.shape[1], k.shape[1]
+    extra = {"enable_gqa": True} if q.shape[2] != k.shape[2] else {}
+    if causal and nq != nk and nq > 1:
+        from torch.nn.attention.bias import causal_lower_right
+
+        extra["attn_mask"] = causal_lower_right(nq, nk)
+        causal = False
+    elif nq == 1:
+        causal = False
     with sdpa_kernel(getattr(SDPBackend, backend)):
         out = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=bool(causal),
-            scale=scale)
+            scale=scale, **extra)
     return out.transpose(1, 2)
 
 
@@ -364,6 +443,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
     then the steps."""
     dev = args.device
     d, causal, N = shape["head_dim"], shape["causal"], shape["seqlen_q"]
+    Nk = shape["seqlen_k"]  # = N in the paper's sweep; the decode sweep has few rows, long keys
     B, H, Hkv = shape["batch"], shape["heads"], shape["heads_kv"]
     group = H // Hkv
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
@@ -371,7 +451,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
     gen = torch.Generator(device=dev)
     gen.manual_seed(shape["seed"])
     q = torch.randn((B, N, H, d), generator=gen, device=dev, dtype=dtype)
-    k, v = (torch.randn((B, N, Hkv, d), generator=gen, device=dev, dtype=dtype)
+    k, v = (torch.randn((B, Nk, Hkv, d), generator=gen, device=dev, dtype=dtype)
             for _ in range(2))
     d_o = torch.randn((B, N, H, d), generator=gen, device=dev, dtype=dtype)
     want_fwd, want_bwd = "fwd" in args.directions, "bwd" in args.directions
@@ -385,12 +465,18 @@ def measure_shape(torch, fs, args, shape, steps, progress):
     def row(impl, kind, direction):
         r = dict(shape)
         r.update(impl=impl, kind=kind, direction=direction, checked=False, passed=False,
-                 error="", flops=flops(direction, B, H, N, N, d, causal))
+                 error="", flops=flops(direction, B, H, N, Nk, d, causal))
+        if direction == "fwd":
+            r["kv_bytes"] = kv_bytes(B, Hkv, Nk, d)
         return r
 
     def finish(r, timing, checks, vs_flash):
         r.update(timing)
         r["tflops"] = r["flops"] / (timing["median_ms"] * 1e-3) / 1e12
+        if "kv_bytes" in r:
+            r["gbps"] = r["kv_bytes"] / (timing["median_ms"] * 1e-3) / 1e9
+            if args.copy_gbps:
+                r["pct_copy"] = 100.0 * r["gbps"] / args.copy_gbps
         if checks:
             r["checked"] = True
             r["errors"] = checks
@@ -421,6 +507,8 @@ def measure_shape(torch, fs, args, shape, steps, progress):
         rows.append(r)
         what = "%-15s %s d=%d %s N=%d" % (r["impl"], r["direction"], d,
                                           "causal" if causal else "full", N)
+        if Nk != N or Hkv != H:
+            what += " Nk=%d B=%d H=%d/%d" % (Nk, B, H, Hkv)
         if r["error"]:
             progress.show("%s  error: %s" % (what, r["error"]))
         else:
@@ -475,7 +563,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
         if not (want_fwd or step_bwd):
             continue
         o = torch.full_like(q, float("nan"))  # poisoned: an unwritten element fails the check
-        lse = torch.full((B, H, N), float("nan"), device=dev, dtype=torch.float32)
+        lse = torch.full((B, H, N), float("nan"), device=dev, dtype=torch.float32)  # N = Nq
         r = row(step, "step", "fwd")
         try:
             launch = fs.prepare_forward(step, q, k, v, o, lse, causal, scale)
@@ -569,6 +657,41 @@ def table(rows):
     return "\n".join(lines)
 
 
+def decode_table(rows, copy_gbps):
+    """The decode sweep's rows as a text table: time, TFLOP/s, GB/s of K and V and its share of
+    the copy ceiling, the speed ratio to FLASH."""
+    lines = ["copy ceiling: %.0f GB/s (device-to-device, bytes read + written / time)" % copy_gbps,
+             "%-15s %3s %2s %-6s %3s %7s %6s %4s %9s %7s %8s %7s %6s %8s  %s" % (
+                 "impl", "dir", "Nq", "mask", "B", "Nk", "H/kv", "d", "ms", "spread", "TFLOP/s",
+                 "GB/s", "%copy", "vs FLASH", "check")]
+    flash = {key_of(r): r["median_ms"] for r in rows if r["impl"] == FLASH and not r.get("error")}
+    for r in rows:
+        head = "%-15s %3s %2d %-6s %3d %7d %6s %4d" % (
+            r["impl"], r["direction"], r["seqlen_q"], "causal" if r["causal"] else "none",
+            r["batch"], r["seqlen_k"], "%d/%d" % (r["heads"], r["heads_kv"]), r["head_dim"])
+        if r.get("error"):
+            lines.append(head + "  error: " + r["error"])
+            continue
+        f = flash.get(key_of(r))
+        lines.append(head + " %9.4f %6.1f%% %8.2f %7.0f %6s %8s  %s" % (
+            r["median_ms"], r["spread_pct"], r["tflops"], r.get("gbps", 0),
+            "%.1f" % r["pct_copy"] if "pct_copy" in r else "-",
+            "%.2fx" % (f / r["median_ms"]) if f else "-",
+            ("ok" if r["passed"] else "FAIL") if r.get("checked") else "not checked"))
+    return "\n".join(lines)
+
+
+def measure_copy_gbps(torch, device="cuda", mib=1024, warmup=3, repeats=15):
+    """The copy ceiling: torch's device-to-device copy_ between two buffers of `mib` MiB,
+    (bytes read + written) over the median of `repeats` event-timed copies, in GB/s."""
+    n = mib * 2 ** 20
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    t = time_calls(torch, lambda: dst.copy_(src), warmup, repeats, device)
+    del src, dst
+    return 2.0 * n / (t["median_ms"] * 1e-3) / 1e9
+
+
 def key_of(r):
     return (r["direction"], r["dtype"], r["batch"], r["heads"], r["heads_kv"], r["seqlen_q"],
             r["seqlen_k"], r["head_dim"], r["causal"])
@@ -640,15 +763,16 @@ def main(argv=None):
     if args.seed == 0:
         args.seed = int(time.time() * 1000) % 1000000007
     gpu = gpu_info(torch, fs) if args.device == "cuda" else cpu_info(torch, fs)
-    out = args.out or os.path.join(REPO, "docs", "results", gpu_slug(gpu["name"]) + ".json")
+    out = args.out or os.path.join(REPO, "docs", "results", gpu_slug(gpu["name"]) +
+                                   ("-decode.json" if args.decode else ".json"))
     copy = None
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)
         copy = os.path.join(args.log_dir, os.path.basename(out))
         if os.path.abspath(copy) == os.path.abspath(out):
             copy = None
-    shapes = []
-    for d in args.head_dims:
+    shapes = decode_shapes(args) if args.decode else []
+    for d in [] if args.decode else args.head_dims:
         for causal in args.causal:
             for N in args.seqlens:
                 heads = max(1, args.hidden // d)
@@ -676,6 +800,17 @@ def main(argv=None):
                         "timing": "CUDA events around each call, calls queued back to back, "
                                   "median of the repeats after the warm-up"},
            "complete": False, "results": []}
+    if args.decode:
+        args.copy_gbps = measure_copy_gbps(torch, args.device,
+                                           1024 if args.device == "cuda" else 16)
+        doc["ceilings"] = {"copy_gbps": args.copy_gbps,
+                           "copy": "torch copy_ of 1 GiB device to device, (bytes read + "
+                                   "written) / median time of 15 after 3 warm-ups"}
+        doc["settings"].update(decode=True, seqlens_q=args.seqlens_q, seqlens_k=args.seqlens_k,
+                               batches=args.batches, heads=args.heads, heads_kv=args.heads_kv,
+                               max_kv_gib=args.max_kv_gib,
+                               bandwidth="gbps: K and V bytes (each read once) / median time")
+        sys.stderr.write("compare.py: copy ceiling %.0f GB/s\n" % args.copy_gbps)
 
     def save():
         write_json(out, doc)
@@ -700,7 +835,8 @@ def main(argv=None):
         save()
     progress.end()
     doc["complete"] = True
-    text = table(doc["results"])
+    text = (decode_table(doc["results"], args.copy_gbps) if args.decode
+            else table(doc["results"]))
     bad = [r for r in doc["results"] if r["kind"] == "step" and
            (r["error"] or (r["checked"] and not r["passed"]))]
     summary = "compare.py: %d rows, %d step rows failed or errored -> %s" % (

@@ -56,11 +56,27 @@ struct BenchOptions {
   bool deterministic = false;  ///< deterministic backward
   std::string out;             ///< also write .csv or .json
   bool help = false;           ///< print the usage and exit
+  /// The decode sweep instead of the paper's (decode_shapes()); it defaults to head dim 128,
+  /// no mask and the forward direction unless --head-dims, --causal or --direction say else.
+  bool decode = false;
+  std::vector<int> seqlens_q = {1, 16};                     ///< decode: query lengths
+  std::vector<int> seqlens_k = {1024, 4096, 16384, 65536};  ///< decode: key lengths
+  std::vector<int> batches = {1, 4, 16};                    ///< decode: batch sizes
+  int heads = 32;                                           ///< decode: query heads
+  std::vector<int> heads_kv = {8, 32};                      ///< decode: key/value heads
+  int max_kv_mib = 1024;  ///< decode: shapes whose K and V take more device memory are skipped
 };
 
 /// Parses bench flags. False with a one-line `error` on an unknown flag or a bad value
 /// (also --deterministic when no backward pass is timed).
 bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* out, std::string* error);
+
+/// The decode sweep of `o`: every head dim x causal x heads_kv x seqlen_q x batch x seqlen_k
+/// of its lists, with o.heads query heads and o.dtype, in that order, leaving out the shapes
+/// whose K and V (kv_bytes()) exceed o.max_kv_mib MiB and those whose heads_kv does not divide
+/// o.heads. The inputs are made on the host and uploaded, hence the cap; compare.py --decode
+/// makes them on the GPU and reaches larger shapes.
+std::vector<ProblemShape> decode_shapes(const BenchOptions& o);
 
 /// The bench's --help text.
 std::string bench_usage(const std::string& program);

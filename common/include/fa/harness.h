@@ -1,6 +1,6 @@
 /// \file harness.h
 /// \brief Runs a step on the GPU: device copies of a problem, poisoned outputs, checks against
-/// the fp64 oracle, CUDA-event timing, and the two ceilings measured at start-up.
+/// the fp64 oracle, CUDA-event timing, and the ceilings measured at start-up.
 #ifndef FA_HARNESS_H_
 #define FA_HARNESS_H_
 
@@ -147,6 +147,11 @@ struct CheckResult {
 CheckResult check_forward(const std::string& step, DeviceProblem& dp, const HostProblem& p,
                           const std::vector<RowId>& rows);
 
+/// Compares the O and lse that `dp` holds now (as the last forward left them, e.g. one the
+/// caller launched on its own stream and synchronized) with the oracle on `rows`.
+CheckResult compare_forward(const DeviceProblem& dp, const HostProblem& p,
+                            const std::vector<RowId>& rows);
+
 /// Runs a forward (to get O and lse), then one backward of `step`, and compares dQ on
 /// `q_rows`, dK and dV on `kv_rows` with the oracle.
 CheckResult check_backward(const std::string& step, DeviceProblem& dp, const HostProblem& p,
@@ -203,8 +208,9 @@ ResultRow measure(const std::string& step, const std::string& direction, DeviceP
                   const MeasureOptions& options);
 
 /// The ceilings, measured on the current GPU: dense mma.sync m16n8k16 (fp16 in, fp32
-/// accumulate, all SMs, no memory traffic) and a cuBLAS GEMM (8192^3, fp16, fp32 accumulate);
-/// on an sm_90 GPU (H100, H200) also dense wgmma m64n256k16, the ceiling of steps 09 and 10.
+/// accumulate, all SMs, no memory traffic), a cuBLAS GEMM (8192^3, fp16, fp32 accumulate),
+/// a device-to-device copy of 1 GiB with 16-byte loads ((bytes read + written) / time, GB/s)
+/// and, on an sm_90 GPU (H100, H200), dense wgmma m64n256k16, the ceiling of steps 09 and 10.
 Ceilings measure_ceilings();
 
 /// Launches the dense wgmma throughput kernel (sm_90a code, common/src/harness/sm90) on

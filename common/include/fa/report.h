@@ -21,11 +21,14 @@ struct GpuInfo {
   std::string runtime;        ///< CUDA runtime, e.g. "13.0"
 };
 
-/// The two ceilings every kernel is measured against (TFLOP/s, 0 if not measured).
+/// The ceilings every kernel is measured against (0 if not measured): two of arithmetic, in
+/// TFLOP/s, and one of device-memory bandwidth, in GB/s, for the memory-bound shapes
+/// (decoding).
 struct Ceilings {
   double mma_tflops = 0;     ///< dense mma.sync m16n8k16, fp16 in, fp32 accumulate
   double cublas_tflops = 0;  ///< large cuBLAS GEMM (8192^3 fp16, fp32 accumulate)
   double wgmma_tflops = 0;   ///< dense wgmma m64n256k16, fp16 in, fp32 accumulate (sm_90 only)
+  double copy_gbps = 0;      ///< device-to-device copy: (bytes read + written) / time, GB/s
 };
 
 /// Milliseconds per run over the timed repeats.
@@ -51,12 +54,15 @@ struct ResultRow {
   double pct_mma = 0;             ///< percent of Ceilings::mma_tflops
   double pct_cublas = 0;          ///< percent of Ceilings::cublas_tflops
   double pct_wgmma = 0;           ///< percent of Ceilings::wgmma_tflops (0 if not measured)
+  double gbps = 0;                ///< forward: K and V bytes (kv_bytes()) / median time, GB/s
+  double pct_copy = 0;            ///< percent of Ceilings::copy_gbps (forward rows)
   double speedup_prev = 0;        ///< time of the previous step on the same problem / this time
   double speedup_first = 0;       ///< time of the first step on the same problem / this time
 };
 
 /// Fills tflops and the percentages of every row from its timing and FLOP count
-/// (forward \f$4BHd\f$ per unmasked pair, backward 2.5x).
+/// (forward \f$4BHd\f$ per unmasked pair, backward 2.5x), and for forward rows the K/V
+/// bandwidth gbps (kv_bytes() over the median time) and its percentage of the copy ceiling.
 void compute_rates(std::vector<ResultRow>* rows, const Ceilings& ceilings);
 
 /// Fills speedup_prev and speedup_first: rows with the same direction and problem are

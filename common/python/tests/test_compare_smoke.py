@@ -25,6 +25,8 @@ import results  # noqa: E402
 def attention(q, k, v, causal, scale):
     """fp32 attention on BSHD tensors: O, lse."""
     qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
+    group = q.shape[2] // k.shape[2]  # GQA: each K/V head serves `group` query heads
+    kf, vf = kf.repeat_interleave(group, 1), vf.repeat_interleave(group, 1)
     s = qf @ kf.transpose(-1, -2) * scale
     if causal:
         nq, nk = q.shape[1], k.shape[1]
@@ -108,6 +110,36 @@ def test_compare_runs_on_cpu(tmp_path, monkeypatch, wrong):
     readme.write_text("<!-- results:begin -->\n<!-- results:end -->\n")
     assert results.main([str(out), "--readme", str(readme), "--page", str(tmp_path / "r.md"),
                          "--no-plot"]) == 0
+
+
+def test_compare_decode_sweep_on_cpu(tmp_path, monkeypatch):
+    fake = FakeSteps()
+    for name in ("steps", "has_backward", "library_path", "prepare_forward",
+                 "prepare_backward"):
+        monkeypatch.setattr(flash_steps, name, getattr(fake, name))
+    out = tmp_path / "decode.json"
+    rc = compare.main(["--device", "cpu", "--decode", "--seqlens-q", "1,3", "--seqlens-k",
+                       "64,100", "--batches", "2", "--heads", "4", "--heads-kv", "2,4,3",
+                       "--causal", "0,1", "--head-dims", "64", "--warmup", "1", "--repeats",
+                       "2", "--backends", "flash", "--out", str(out), "--seed", "3"])
+    doc = json.loads(out.read_text())
+    assert rc == 0 and doc["complete"] is True
+    assert doc["ceilings"]["copy_gbps"] > 0 and doc["settings"]["decode"] is True
+    rows = doc["results"]
+    # 2 causal x 2 heads_kv (3 does not divide 4) x 2 seqlen_q x 2 seqlen_k, forward only:
+    # FLASH and the step 01_naive (07_backward's forward too).
+    assert len(rows) == 2 * 2 * 2 * 2 * 3
+    for r in rows:
+        assert r["direction"] == "fwd" and r["head_dim"] == 64 and r["batch"] == 2
+        assert r["seqlen_k"] in (64, 100) and r["seqlen_q"] in (1, 3) and r["heads"] == 4
+        assert r["kv_bytes"] == compare.kv_bytes(2, r["heads_kv"], r["seqlen_k"], 64)
+        if r["kind"] == "step":
+            assert r["checked"] and r["passed"], r
+            assert r["gbps"] > 0 and r["pct_copy"] > 0
+            assert math.isclose(r["flops"], compare.flops("fwd", 2, 4, r["seqlen_q"],
+                                                          r["seqlen_k"], 64, r["causal"]))
+    table = compare.decode_table(rows, doc["ceilings"]["copy_gbps"])
+    assert "copy ceiling" in table and "%copy" in table
 
 
 def test_compare_aborts_cleanly_when_the_gpu_state_is_lost(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 /// \file ceilings.cu
-/// \brief The ceilings measured on the GPU at hand: dense mma.sync, a cuBLAS GEMM and, on an
-/// sm_90 GPU, dense wgmma (common/src/harness/sm90/wgmma_ceiling.cu).
+/// \brief The ceilings measured on the GPU at hand: dense mma.sync and a cuBLAS GEMM (FLOP/s),
+/// a device-memory copy (bytes/s) for the memory-bound decode shapes and, on an sm_90 GPU,
+/// dense wgmma (common/src/harness/sm90/wgmma_ceiling.cu).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 
@@ -132,6 +133,55 @@ double measure_wgmma() {
   return flops / (ms * 1e-3) / 1e12;
 }
 
+constexpr int kCopyThreads = 256;
+constexpr int kCopyUnroll = 4;  // 16-byte loads in flight per thread before its stores
+
+/// Copies n 16-byte words from src to dst, grid-stride: each thread loads kCopyUnroll words
+/// (one per stride) before it stores them, so that 64 bytes per thread, about 128 KiB per SM,
+/// are in flight: enough to keep HBM busy. The copy ceiling is the bandwidth a plain streaming
+/// kernel gets, the practical limit of a memory-bound attention kernel that reads K and V once.
+__global__ void __launch_bounds__(kCopyThreads)
+    copy_ceiling_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * kCopyThreads;
+  for (size_t i = blockIdx.x * static_cast<size_t>(kCopyThreads) + threadIdx.x; i < n;
+       i += kCopyUnroll * stride) {
+    uint4 v[kCopyUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u)
+      if (i + u * stride < n) v[u] = src[i + u * stride];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u)
+      if (i + u * stride < n) dst[i + u * stride] = v[u];
+  }
+}
+
+/// Device-to-device copy bandwidth, GB/s: bytes read plus bytes written over the median time
+/// of copying 1 GiB (far beyond any L2) between two buffers.
+double measure_copy() {
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const size_t bytes = size_t{1} << 30;
+  const size_t words = bytes / sizeof(uint4);
+  uint4 *src = nullptr, *dst = nullptr;
+  cuda_check(cudaMalloc(&src, bytes), "cudaMalloc (copy ceiling)");
+  if (cudaMalloc(&dst, bytes) != cudaSuccess) {
+    cudaFree(src);
+    cuda_check(cudaGetLastError(), "cudaMalloc (copy ceiling)");
+  }
+  fill_random_kernel<<<1024, 256>>>(reinterpret_cast<__half*>(src), bytes / 2, 3);
+  const int blocks = sms * (2048 / kCopyThreads);  // one full wave of resident threads
+  const double ms = median_ms(
+      [&] {
+        copy_ceiling_kernel<<<blocks, kCopyThreads>>>(src, dst, words);
+        cuda_check(cudaGetLastError(), "copy_ceiling_kernel");
+      },
+      3, 15);
+  cudaFree(src);
+  cudaFree(dst);
+  return 2.0 * bytes / (ms * 1e-3) / 1e9;
+}
+
 }  // namespace
 
 Ceilings measure_ceilings() {
@@ -139,6 +189,7 @@ Ceilings measure_ceilings() {
   c.mma_tflops = measure_mma();
   c.cublas_tflops = measure_cublas();
   c.wgmma_tflops = measure_wgmma();
+  c.copy_gbps = measure_copy();
   return c;
 }
 

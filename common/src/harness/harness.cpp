@@ -538,6 +538,13 @@ CheckResult check_forward(const std::string& step, DeviceProblem& dp, const Host
                           const std::vector<RowId>& rows) {
   CheckResult result;
   if (!run_step(step, dp, false, false, &result)) return result;
+  return compare_forward(dp, p, rows);
+}
+
+CheckResult compare_forward(const DeviceProblem& dp, const HostProblem& p,
+                            const std::vector<RowId>& rows) {
+  CheckResult result;
+  result.ran = result.ok = true;
   std::vector<float> o, lse;
   dp.download_forward(&o, &lse);
   const ProblemShape& s = p.shape;

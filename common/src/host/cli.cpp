@@ -11,6 +11,8 @@
 #include <functional>
 #include <sstream>
 
+#include "fa/flops.h"
+
 namespace fa {
 namespace {
 
@@ -271,6 +273,7 @@ std::string runner_usage(const std::string& program) {
 
 bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* o, std::string* error) {
   *o = BenchOptions();
+  bool dims_given = false, causal_given = false, direction_given = false;
   std::vector<Flag> flags = {
       {"--steps", true,
        [&](auto& v, auto* e) {
@@ -282,9 +285,13 @@ bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* o, std
       {"--seqlens", true,
        [&](auto& v, auto* e) { return parse_int_list("--seqlens", v, &o->seqlens, e); }},
       {"--head-dims", true,
-       [&](auto& v, auto* e) { return parse_int_list("--head-dims", v, &o->head_dims, e); }},
+       [&](auto& v, auto* e) {
+         dims_given = true;
+         return parse_int_list("--head-dims", v, &o->head_dims, e);
+       }},
       {"--causal", true,
        [&](auto& v, auto* e) {
+         causal_given = true;
          if (v == "both")
            o->causal = {0, 1};
          else if (v == "on")
@@ -299,6 +306,7 @@ bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* o, std
        }},
       {"--direction", true,
        [&](auto& v, auto* e) {
+         direction_given = true;
          if (v == "both")
            o->directions = {"fwd", "bwd"};
          else if (v == "fwd" || v == "bwd")
@@ -314,9 +322,33 @@ bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* o, std
        [&](auto& v, auto* e) { return parse_positive("--tokens", v, &o->tokens, e); }},
       {"--hidden", true,
        [&](auto& v, auto* e) { return parse_positive("--hidden", v, &o->hidden, e); }},
+      {"--decode", false, [&](auto&, auto*) { return o->decode = true; }},
+      {"--seqlens-q", true,
+       [&](auto& v, auto* e) { return parse_int_list("--seqlens-q", v, &o->seqlens_q, e); }},
+      {"--seqlens-k", true,
+       [&](auto& v, auto* e) { return parse_int_list("--seqlens-k", v, &o->seqlens_k, e); }},
+      {"--batches", true,
+       [&](auto& v, auto* e) { return parse_int_list("--batches", v, &o->batches, e); }},
+      {"--heads", true,
+       [&](auto& v, auto* e) { return parse_positive("--heads", v, &o->heads, e); }},
+      {"--heads-kv", true,
+       [&](auto& v, auto* e) { return parse_int_list("--heads-kv", v, &o->heads_kv, e); }},
+      {"--max-kv-mib", true,
+       [&](auto& v, auto* e) { return parse_positive("--max-kv-mib", v, &o->max_kv_mib, e); }},
   };
   add_run_flags(&flags, o);
   if (!parse_flags(args, flags, error)) return false;
+  if (o->decode) {  // decoding: d = 128, no mask (seqlen_q = 1 sees every key anyway), forward
+    if (!dims_given) o->head_dims = {128};
+    if (!causal_given) o->causal = {0};
+    if (!direction_given) o->directions = {"fwd"};
+  }
+  for (const std::vector<int>* list : {&o->seqlens_q, &o->seqlens_k, &o->batches, &o->heads_kv})
+    for (int n : *list)
+      if (n < 1) {
+        *error = "--seqlens-q, --seqlens-k, --batches and --heads-kv values must be >= 1";
+        return false;
+      }
   for (int n : o->seqlens)
     if (n < 1) {
       *error = "--seqlens values must be >= 1";
@@ -348,8 +380,33 @@ std::string bench_usage(const std::string& program) {
          "  --direction X      fwd, bwd or both (both; bwd only for steps that have one)\n"
          "  --dtype T          fp16 or bf16 (fp16)\n"
          "  --tokens N         tokens per batch (16384)\n"
-         "  --hidden N         hidden size = heads * head dim (2048)\n" +
+         "  --hidden N         hidden size = heads * head dim (2048)\n"
+         "  --decode           the decode sweep instead: few query rows against long key\n"
+         "                     sequences (head dim 128, no mask, forward unless given); the\n"
+         "                     table adds GB/s of K and V read against the copy ceiling\n"
+         "  --seqlens-q N,...  decode: query lengths (1,16)\n"
+         "  --seqlens-k N,...  decode: key lengths (1024,4096,16384,65536)\n"
+         "  --batches N,...    decode: batch sizes (1,4,16)\n"
+         "  --heads N          decode: query heads (32)\n"
+         "  --heads-kv N,...   decode: key/value heads (8,32)\n"
+         "  --max-kv-mib N     decode: skip shapes whose K and V take more (1024)\n" +
          run_flags_usage(BenchOptions());
+}
+
+std::vector<ProblemShape> decode_shapes(const BenchOptions& o) {
+  std::vector<ProblemShape> shapes;
+  for (int d : o.head_dims)
+    for (int causal : o.causal)
+      for (int heads_kv : o.heads_kv)
+        for (int seqlen_q : o.seqlens_q)
+          for (int batch : o.batches)
+            for (int seqlen_k : o.seqlens_k) {
+              if (o.heads % heads_kv != 0) continue;
+              if (kv_bytes(batch, heads_kv, seqlen_k, d) > o.max_kv_mib * 1048576.0) continue;
+              shapes.push_back(make_shape(batch, o.heads, heads_kv, seqlen_q, seqlen_k, d,
+                                          causal != 0, o.dtype));
+            }
+  return shapes;
 }
 
 }  // namespace fa

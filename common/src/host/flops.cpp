@@ -25,4 +25,8 @@ double backward_flops(int batch, int heads, int seqlen_q, int seqlen_k, int head
   return 2.5 * forward_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal);
 }
 
+double kv_bytes(int batch, int heads_kv, int seqlen_k, int head_dim) {
+  return 2.0 * 2.0 * batch * heads_kv * static_cast<double>(seqlen_k) * head_dim;
+}
+
 }  // namespace fa

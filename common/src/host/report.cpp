@@ -89,6 +89,12 @@ void compute_rates(std::vector<ResultRow>* rows, const Ceilings& ceilings) {
     r.pct_mma = ceilings.mma_tflops > 0 ? 100.0 * r.tflops / ceilings.mma_tflops : 0;
     r.pct_cublas = ceilings.cublas_tflops > 0 ? 100.0 * r.tflops / ceilings.cublas_tflops : 0;
     r.pct_wgmma = ceilings.wgmma_tflops > 0 ? 100.0 * r.tflops / ceilings.wgmma_tflops : 0;
+    r.gbps = r.pct_copy = 0;
+    if (r.direction == "fwd") {
+      r.gbps =
+          kv_bytes(s.batch, s.heads_kv, s.seqlen_k, s.head_dim) / (r.timing.median_ms * 1e-3) / 1e9;
+      r.pct_copy = ceilings.copy_gbps > 0 ? 100.0 * r.gbps / ceilings.copy_gbps : 0;
+    }
   }
 }
 
@@ -118,17 +124,19 @@ void print_table(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings,
   os << "GPU: " << gpu.name << " (sm_" << gpu.cc_major << gpu.cc_minor << ", " << gpu.sm_count
      << " SMs, driver " << gpu.driver << ", CUDA " << gpu.runtime << ")\n";
   os << "Ceilings: mma.sync m16n8k16 " << fmt("%.1f", ceilings.mma_tflops)
-     << " TFLOP/s, cuBLAS GEMM " << fmt("%.1f", ceilings.cublas_tflops) << " TFLOP/s";
+     << " TFLOP/s, cuBLAS GEMM " << fmt("%.1f", ceilings.cublas_tflops)
+     << " TFLOP/s, device-memory copy " << fmt("%.0f", ceilings.copy_gbps) << " GB/s";
   if (ceilings.wgmma_tflops > 0)
     os << ", wgmma m64n256k16 " << fmt("%.1f", ceilings.wgmma_tflops)
        << " TFLOP/s (%wgmma: percent of it)";
-  os << "\n";
+  os << " (GB/s: K and V bytes read once / time)\n";
   const bool wgmma = ceilings.wgmma_tflops > 0;  // then a %wgmma column after %cuBL
   char line[512];
-  std::snprintf(line, sizeof line,
-                "%-20s %-3s %-4s %3s %5s %6s %6s %4s %-6s %9s %7s %8s %6s %6s%s %7s %7s  %s\n",
-                "step", "dir", "dt", "B", "H/kv", "Nq", "Nk", "d", "mask", "ms", "spread",
-                "TFLOP/s", "%mma", "%cuBL", wgmma ? " %wgmma" : "", "vs prev", "vs 01", "check");
+  std::snprintf(
+      line, sizeof line,
+      "%-20s %-3s %-4s %3s %5s %6s %6s %4s %-6s %9s %7s %8s %6s %6s%s %6s %5s %7s %7s  %s\n",
+      "step", "dir", "dt", "B", "H/kv", "Nq", "Nk", "d", "mask", "ms", "spread", "TFLOP/s", "%mma",
+      "%cuBL", wgmma ? " %wgmma" : "", "GB/s", "%copy", "vs prev", "vs 01", "check");
   os << line;
   for (const ResultRow& r : rows) {
     const ProblemShape& s = r.shape;
@@ -150,11 +158,13 @@ void print_table(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings,
                                      fmt("%.1e", r.max_abs) + " rel " + fmt("%.1e", r.rel_l2));
     std::snprintf(line, sizeof line,
                   "%-20s %-3s %-4s %3d %5s %6d %6d %4d %-6s %9.3f %6.1f%% %8.1f %6.1f %6.1f%s "
-                  "%7s %7s  %s\n",
+                  "%6s %5s %7s %7s  %s\n",
                   r.step.c_str(), r.direction.c_str(), dtype_name(s.dtype), s.batch, heads.c_str(),
                   s.seqlen_q, s.seqlen_k, s.head_dim, s.causal ? "causal" : "none",
                   r.timing.median_ms, spread, r.tflops, r.pct_mma, r.pct_cublas,
                   wgmma ? fmt(" %6.1f", r.pct_wgmma).c_str() : "",
+                  r.gbps > 0 ? fmt("%.0f", r.gbps).c_str() : "-",
+                  r.pct_copy > 0 ? fmt("%.1f", r.pct_copy).c_str() : "-",
                   r.speedup_prev > 0 ? fmt("%.2fx", r.speedup_prev).c_str() : "-",
                   r.speedup_first > 0 ? fmt("%.2fx", r.speedup_first).c_str() : "-", check.c_str());
     os << line;
@@ -164,7 +174,7 @@ void print_table(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings,
 void write_csv(std::ostream& os, const std::vector<ResultRow>& rows) {
   os << "step,direction,dtype,batch,heads,heads_kv,seqlen_q,seqlen_k,head_dim,scale,causal,"
         "checked,passed,max_abs,rel_l2,median_ms,min_ms,max_ms,repeats,tflops,pct_mma,"
-        "pct_cublas,speedup_prev,speedup_first,error\n";
+        "pct_cublas,speedup_prev,speedup_first,gbps,pct_copy,error\n";
   for (const ResultRow& r : rows) {
     const ProblemShape& s = r.shape;
     os << csv_field(r.step) << ',' << r.direction << ',' << dtype_name(s.dtype) << ',' << s.batch
@@ -175,7 +185,8 @@ void write_csv(std::ostream& os, const std::vector<ResultRow>& rows) {
        << fmt("%.5f", r.timing.min_ms) << ',' << fmt("%.5f", r.timing.max_ms) << ','
        << r.timing.repeats << ',' << fmt("%.2f", r.tflops) << ',' << fmt("%.2f", r.pct_mma) << ','
        << fmt("%.2f", r.pct_cublas) << ',' << fmt("%.3f", r.speedup_prev) << ','
-       << fmt("%.3f", r.speedup_first) << ',' << csv_field(r.error) << '\n';
+       << fmt("%.3f", r.speedup_first) << ',' << fmt("%.1f", r.gbps) << ','
+       << fmt("%.2f", r.pct_copy) << ',' << csv_field(r.error) << '\n';
   }
 }
 
@@ -187,7 +198,8 @@ void write_json(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings, 
      << "\", \"cuda_runtime\": \"" << json_escape(gpu.runtime) << "\"},\n";
   os << "  \"ceilings\": {\"mma_sync_tflops\": " << json_num(ceilings.mma_tflops)
      << ", \"cublas_gemm_tflops\": " << json_num(ceilings.cublas_tflops)
-     << ", \"wgmma_tflops\": " << json_num(ceilings.wgmma_tflops) << "},\n";
+     << ", \"wgmma_tflops\": " << json_num(ceilings.wgmma_tflops)
+     << ", \"copy_gbps\": " << json_num(ceilings.copy_gbps) << "},\n";
   os << "  \"run\": {\"commit\": \"" << json_escape(run.commit) << "\", \"date\": \""
      << json_escape(run.date) << "\", \"command\": \"" << json_escape(run.command) << "\"},\n";
   os << "  \"results\": [";
@@ -211,8 +223,9 @@ void write_json(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings, 
        << ", \"pct_cublas\": " << json_num(r.pct_cublas)
        << ", \"pct_wgmma\": " << json_num(r.pct_wgmma)
        << ", \"speedup_prev\": " << json_num(r.speedup_prev)
-       << ", \"speedup_first\": " << json_num(r.speedup_first) << ", \"error\": \""
-       << json_escape(r.error) << "\"}";
+       << ", \"speedup_first\": " << json_num(r.speedup_first) << ", \"gbps\": " << json_num(r.gbps)
+       << ", \"pct_copy\": " << json_num(r.pct_copy) << ", \"error\": \"" << json_escape(r.error)
+       << "\"}";
   }
   os << "\n  ]\n}\n";
 }

@@ -1,6 +1,7 @@
 /// \file bench_main.cpp
 /// \brief The per-step benchmark: every registered step over the paper's sweep (16K tokens,
-/// hidden 2048, seqlen 512..16K, head dims 64 and 128, causal off and on), each result
+/// hidden 2048, seqlen 512..16K, head dims 64 and 128, causal off and on), or with --decode
+/// over decode shapes (few query rows, long keys, GB/s of K and V beside TFLOP/s), each result
 /// checked against the oracle before it is timed, with each step's speed-up over the step
 /// before it and over the first.
 #include <algorithm>
@@ -62,7 +63,8 @@ int main(int argc, char** argv) {
 
   // The sweep: problems outer (inputs made and uploaded once), steps inner.
   std::vector<fa::ProblemShape> shapes;
-  for (int d : opt.head_dims)
+  if (opt.decode) shapes = fa::decode_shapes(opt);  // else the paper's sweep:
+  for (int d : opt.decode ? std::vector<int>() : opt.head_dims)
     for (int causal : opt.causal)
       for (int n : opt.seqlens) {
         fa::ProblemShape s;

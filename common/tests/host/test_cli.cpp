@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "fa/cli.h"
+#include "fa/flops.h"
 
 namespace fa {
 namespace {
@@ -147,13 +148,46 @@ TEST(BenchFlags, ListsAndChoices) {
   EXPECT_EQ(error, "--seqlens values must be >= 1");
 }
 
+TEST(BenchFlags, DecodeSweep) {
+  BenchOptions o;
+  std::string error;
+  ASSERT_TRUE(parse_bench_args({"--decode"}, &o, &error)) << error;
+  EXPECT_TRUE(o.decode);
+  EXPECT_EQ(o.head_dims, (std::vector<int>{128}));  // decode defaults
+  EXPECT_EQ(o.causal, (std::vector<int>{0}));
+  EXPECT_EQ(o.directions, (std::vector<std::string>{"fwd"}));
+  const std::vector<ProblemShape> shapes = decode_shapes(o);
+  // 2 heads_kv x 2 seqlen_q x 3 batches x 4 seqlen_k, minus those over 1 GiB of K and V:
+  // heads_kv 8: batch 16 x 64K (4 GiB); heads_kv 32: batch 4 and 16 x 64K, 16 x 16K.
+  EXPECT_EQ(shapes.size(), 2u * 2 * 3 * 4 - 2 * (1 + 3));
+  for (const ProblemShape& s : shapes) {
+    EXPECT_EQ(s.heads, 32);
+    EXPECT_EQ(s.head_dim, 128);
+    EXPECT_LE(kv_bytes(s.batch, s.heads_kv, s.seqlen_k, s.head_dim), 1024.0 * 1048576);
+  }
+  EXPECT_EQ(shapes.front().describe(), make_shape(1, 32, 8, 1, 1024, 128).describe());
+  ASSERT_TRUE(parse_bench_args(
+      {"--decode", "--seqlens-q", "1", "--seqlens-k", "4096,8192", "--batches", "2", "--heads",
+       "16", "--heads-kv", "4,3", "--causal", "on", "--head-dims", "64,128"},
+      &o, &error))
+      << error;
+  const std::vector<ProblemShape> few = decode_shapes(o);  // heads_kv 3 does not divide 16
+  ASSERT_EQ(few.size(), 2u * 2);
+  EXPECT_TRUE(few[0].causal);
+  EXPECT_EQ(few[0].heads_kv, 4);
+  EXPECT_EQ(few[3].head_dim, 128);
+  EXPECT_EQ(few[3].seqlen_k, 8192);
+  EXPECT_FALSE(parse_bench_args({"--decode", "--batches", "0"}, &o, &error));
+}
+
 TEST(Usage, MentionsEveryFlag) {
   const std::string r = runner_usage("01_naive");
   for (const char* flag : {"--batch", "--heads-kv", "--seqlen-q", "--dtype", "--causal", "--seed",
                            "--no-check", "--backward", "--out"})
     EXPECT_NE(r.find(flag), std::string::npos) << flag;
   const std::string b = bench_usage("bench");
-  for (const char* flag : {"--steps", "--seqlens", "--head-dims", "--causal", "--out"})
+  for (const char* flag : {"--steps", "--seqlens", "--head-dims", "--causal", "--out", "--decode",
+                           "--seqlens-k", "--batches", "--heads-kv", "--max-kv-mib"})
     EXPECT_NE(b.find(flag), std::string::npos) << flag;
 }
 

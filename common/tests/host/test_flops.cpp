@@ -47,5 +47,13 @@ TEST(Flops, ForwardAndBackward) {
   EXPECT_NEAR(ratio, 0.5, 1e-3);
 }
 
+TEST(KvBytes, KAndVReadOnce) {
+  EXPECT_EQ(kv_bytes(1, 1, 1, 64), 2.0 * 2 * 64);
+  // Decoding, batch 4, 8 K/V heads, 32K keys, d = 128: 537 MB.
+  EXPECT_EQ(kv_bytes(4, 8, 32768, 128), 2.0 * 2 * 4 * 8 * 32768.0 * 128);
+  const double big = kv_bytes(64, 32, 131072, 128);  // 137 GB: needs more than 32 bits
+  EXPECT_EQ(big, 4.0 * 64 * 32 * 131072.0 * 128);
+}
+
 }  // namespace
 }  // namespace fa

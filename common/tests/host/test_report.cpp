@@ -40,6 +40,30 @@ TEST(Report, RatesFromTimingAndFlops) {
   rows[0].direction = "bwd";
   compute_rates(&rows, Ceilings{500, 700});
   EXPECT_NEAR(rows[0].tflops, 2.5 * flops / 2e-3 / 1e12, 1e-9);
+  EXPECT_EQ(rows[0].gbps, 0);  // K/V bandwidth is a forward figure
+}
+
+TEST(Report, KvBandwidthOfDecodeRows) {
+  ResultRow r = row("08_split_kv", 0.1);
+  r.shape.batch = 4;
+  r.shape.heads = 32;
+  r.shape.heads_kv = 8;
+  r.shape.seqlen_q = 1;
+  r.shape.seqlen_k = 32768;
+  std::vector<ResultRow> rows = {r};
+  compute_rates(&rows, Ceilings{641, 710, 4000});
+  const double bytes = kv_bytes(4, 8, 32768, 128);  // 537 MB in 0.1 ms
+  EXPECT_NEAR(rows[0].gbps, bytes / 1e-4 / 1e9, 1e-6);
+  EXPECT_NEAR(rows[0].pct_copy, 100 * rows[0].gbps / 4000, 1e-9);
+  std::ostringstream os;
+  print_table(os, GpuInfo{"NVIDIA H200", 132, 9, 0, "580", "13.0"}, Ceilings{641, 710, 4000},
+              rows);
+  EXPECT_NE(os.str().find("copy 4000 GB/s"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find(" 5369 "), std::string::npos) << os.str();  // GB/s column
+  std::ostringstream js;
+  write_json(js, GpuInfo{}, Ceilings{641, 710, 4000}, RunInfo{}, rows);
+  EXPECT_NE(js.str().find("\"copy_gbps\": 4000"), std::string::npos);
+  EXPECT_NE(js.str().find("\"gbps\": 5368.71"), std::string::npos) << js.str();
 }
 
 TEST(Report, SpeedupsFollowStepOrderPerProblem) {

@@ -27,8 +27,8 @@ struct GpuInfo {
 struct Ceilings {
   double mma_tflops = 0;     ///< dense mma.sync m16n8k16, fp16 in, fp32 accumulate
   double cublas_tflops = 0;  ///< large cuBLAS GEMM (8192^3 fp16, fp32 accumulate)
-  double wgmma_tflops = 0;   ///< dense wgmma m64n256k16, fp16 in, fp32 accumulate (sm_90 only)
   double copy_gbps = 0;      ///< device-to-device copy: (bytes read + written) / time, GB/s
+  double wgmma_tflops = 0;   ///< dense wgmma m64n256k16, fp16 in, fp32 accumulate (sm_90 only)
 };
 
 /// Milliseconds per run over the timed repeats.

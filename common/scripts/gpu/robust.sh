@@ -98,7 +98,7 @@ record env "$([ $ok = 1 ] && echo PASS || echo FAIL)" "bad FA_* values fail the 
 # --- large: over 2^31 elements per tensor ----------------------------------------------------
 if [[ $skip != *" large "* ]]; then
   t0=$(now)
-  (cd "$build" && ctest -L large --output-on-failure > "$out/robust_large.txt" 2>&1); rc=$?
+  (cd "$build" && ctest -L large -V > "$out/robust_large.txt" 2>&1); rc=$?
   secs=$(since "$t0")
   grep -E "^\[ large|tests passed|Failure|out of bounds" "$out/robust_large.txt" >> "$log"
   n=$(grep -c "^\[ large" "$out/robust_large.txt")

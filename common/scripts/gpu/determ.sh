@@ -10,7 +10,8 @@
 #   1. 07's GPU suite (conformance incl. both modes, edge cases incl.
 #      DeterministicBackwardIsBitwiseRepeatable and ...OverSeveralWaves, random problems) on
 #      the large shapes and on the 99 KB shapes (FA_SMEM_LIMIT=101376), side by side, and
-#      memcheck / racecheck / synccheck on the deterministic tests of both tile families;
+#      memcheck / racecheck / synccheck on the deterministic tests of both tile families (the
+#      conformance shapes of sanitize.sh and the one-wave bitwise test);
 #   2. deterministic vs default, runner, same inputs (seed) per shape, back to back, twice
 #      (A B A B; the faster median of each mode): fp16, 16K tokens (B = 16384 / N), hidden
 #      2048 (H = 2048 / d), N 1024 / 4096 / 16384, d 64 / 128, causal off / on; and the 99 KB
@@ -46,7 +47,7 @@ suite() {  # name, then env assignments for the run
 suite suite_large FA_RANDOM_PROBLEMS=24
 suite suite_99k FA_RANDOM_PROBLEMS=24 FA_SMEM_LIMIT=101376
 san_filter="Steps/BackwardConformance.*/@STEP@_*_odd_mqa_det:Steps/BackwardConformance.*/@STEP@_*_q_lt_k_gqa_det"
-san_filter+=":Steps/BackwardConformance.*/@STEP@_*_q_gt_k_det:Steps/SafetyEdgeCases.Deterministic*/@STEP@"
+san_filter+=":Steps/BackwardConformance.*/@STEP@_*_q_gt_k_det:Steps/SafetyEdgeCases.DeterministicBackwardIsBitwiseRepeatable/@STEP@"
 (FA_BUILD_DIR=$build FA_SANITIZE_STEPS="$step ${step}@101376" FA_SANITIZE_TOOLS="memcheck racecheck synccheck" \
   FA_SANITIZE_FILTER="$san_filter" FA_SANITIZE_TIMEOUT=100 FA_SANITIZE_BUDGET=110 FA_SANITIZE_JOBS=6 \
   bash common/scripts/sanitize.sh "$tmp/san" > "$tmp/san.txt" 2>&1) &
@@ -116,20 +117,22 @@ for line in open(sys.argv[1]):
 print("\nSUMMARY 07 deterministic vs default (runner, fp16, 16K tokens, hidden 2048; the faster of two")
 print("medians of 10 per mode; bar: det >= 0.85x default; bit-identity: the suite's tests above)")
 print("%-6s %-4s %6s %-7s | %9s %9s | %8s %8s | %s" % ("family", "d", "N", "mask", "default", "det", "TFLOP/s", "det", "det/default speed"))
-worst = None
+worst, failed_shapes = None, False
 for key in sorted({k.rsplit("/", 1)[0] for k in list(best) + list(failed)},
-                  key=lambda k: (k.split("/")[0], int(k.split("/")[1]), int(k.split("/")[2]), k)):
+                  key=lambda k: (k.split("/")[0] != "large", int(k.split("/")[1]), int(k.split("/")[2]), k)):
     fam, d, n, c = key.split("/")
     a, b = best.get(key + "/default"), best.get(key + "/det")
     if a is None or b is None:
         print("%-6s %-4s %6s %-7s | %s" % (fam, d, n, c, "FAILED (see the log)"))
+        failed_shapes = True
         continue
     r = a / b
     if fam == "large":
         worst = r if worst is None else min(worst, r)
     print("%-6s %-4s %6s %-7s | %7.3f ms %7.3f ms | %8.1f %8.1f | %.3f" % (fam, d, n, c, a, b, tf[key + "/default"], tf[key + "/det"], r))
 if worst is not None:
-    print("worst det/default (large shapes, the H200's default): %.3f (%s the 0.85 bar)" % (worst, "meets" if worst >= 0.85 else "misses"))
+    print("worst det/default (large shapes, the H200's default): %.3f (%s the 0.85 bar)%s" % (
+        worst, "meets" if worst >= 0.85 else "misses", "; some runs FAILED" if failed_shapes else ""))
 EOF
 say "-- total: $(( $(date +%s) - t0 )) s"
 rm -rf "$tmp"

@@ -12,14 +12,13 @@
 ///   never read back: \f$dV_j \mathrel{+}= P^T dO_i\f$, \f$dP = dO_i V_j^T\f$,
 ///   \f$dS = P \circ (dP - D_i)\f$, \f$dK_j \mathrel{+}= dS^T Q_i\f$, and
 ///   \f$dQ_i \mathrel{+}= dS K_j\f$, which every kv_block shares, by fp32 atomic adds into
-///   dq_accum (stored in the threads' order; on sm_90 at d = 128 one TMA bulk reduction per
-///   warp), converted to the output dtype by a last kernel. Under causal masking the
-///   q_blocks above the diagonal are skipped (as 06 skips K/V blocks); only the ones that
-///   cross it are masked.
-/// - Deterministic mode (fa_bwd_args::deterministic): no float atomics. The main kernel leaves
-///   dQ out and a dQ kernel in the forward's loop order, one thread block per q_block, walks
-///   the kv_blocks in order and sums \f$dQ_i\f$ in registers, recomputing \f$P\f$ and
-///   \f$dS\f$ (7 matmuls per block pair instead of 5): bit-identical results run to run.
+///   dq_accum (stored in the threads' order; on sm_90 with the large shapes one TMA bulk
+///   reduction per warp), converted to the output dtype by a last kernel. Under causal
+///   masking the q_blocks above the diagonal are skipped (as 06 skips K/V blocks); only the
+///   ones that cross it are masked.
+/// - Deterministic mode (fa_bwd_args::deterministic): the same kernels, but the adds into
+///   each part of dq_accum go in a fixed order, kv_block 0 first, passed on from thread block
+///   to thread block through counters in device memory: bit-identical results run to run.
 ///
 /// Run: `./build/bin/07_backward --backward --seqlen 4096 --head-dim 128`
 #include <cuda_bf16.h>
@@ -782,28 +781,6 @@ struct DsLayout {
   static_assert(kRowBytes % 128 == 0, "whole swizzle atoms per row");
 };
 
-/// Tile shape of the deterministic dQ kernel: 4 warps of 16 query rows (\f$B_r = 64\f$),
-/// kv_blocks of \f$B_c = 64\f$ keys. Shared memory: Q, dO, two K buffers and one V buffer,
-/// 40 KB (d = 64) or 80 KB (d = 128).
-template <int kHeadDim_>
-struct DqTraits {
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 64, kBlockN = 64, kNumWarps = 4;
-  static constexpr int kNumThreads = 32 * kNumWarps;
-  static constexpr int kNTilesS = kBlockN / 8;  ///< n8 tiles of S (keys)
-  static constexpr int kNTilesD = kHeadDim / 8;
-  static constexpr int kRowBytes = kHeadDim * 2;
-  static constexpr int kChunksPerRow = kHeadDim / 8;
-  static constexpr int kQBytes = kBlockM * kRowBytes;
-  static constexpr int kKBytes = kBlockN * kRowBytes;
-  static constexpr int kOffDo = kQBytes;
-  static constexpr int kOffK = 2 * kQBytes;
-  static constexpr int kOffV = kOffK + 2 * kKBytes;
-  static constexpr int kSmemBytes = kOffV + kKBytes;
-  static_assert(kBlockM == 16 * kNumWarps, "each warp owns 16 query rows");
-  static_assert(kBlockM % kRowPad == 0 || kRowPad % kBlockM == 0, "padded scratch covers it");
-};
-
 // ------------------------------------------------------------------------------------------
 // The warp-level GEMM: every product of Algorithm 2 is one call
 // ------------------------------------------------------------------------------------------
@@ -1094,6 +1071,83 @@ __device__ __forceinline__ int dq_warp_col0(int warp) {
 }
 
 // ------------------------------------------------------------------------------------------
+// Deterministic mode: the dQ adds of a q_block in a fixed order
+// ------------------------------------------------------------------------------------------
+
+// Every kv_block adds its dS K_j into the q_block's slice of dq_accum, and fp32 addition is not
+// associative: the order of the adds decides the last bits. In deterministic mode each warp's
+// stretch of the slice (dq_fragment_index: the same warp of every thread block adds into the
+// same floats) receives its adds in kv_block order 0, 1, 2, ... A counter per (batch, head,
+// q_block, warp) in device memory, zeroed by the preprocess, counts the kv_blocks whose adds
+// have landed; the warp of kv_block j waits until it reads j (wait_dq_turn), adds, and once its
+// adds have completed increments it (pass_dq_turn). README "Deterministic mode" has the
+// diagram, why no wait can deadlock and why the thread blocks walk their q_blocks backwards.
+
+/// Lane 0 of a waiting warp traps after this long: a broken ordering fails instead of hanging.
+constexpr unsigned long long kDqTurnTimeoutNs = 10'000'000'000ull;
+
+/// A warp's turn in the order of the adds into its stretch of one q_block's dQ (deterministic
+/// mode): its counter, its place in the order, and what lane 0 read from the counter early.
+struct DqTurn {
+  int* counter;  ///< this (batch, head, q_block, warp)'s counter; null: no turn to take
+  int rank;      ///< the kv_blocks that add before this one (= its kv_block index)
+  int seen;      ///< lane 0: the counter as last read
+};
+
+/// Starts a turn: lane 0 reads the counter without waiting for the value (`ld.relaxed`, no
+/// ordering), so that the load's latency hides behind the products before wait_dq_turn.
+__device__ __forceinline__ DqTurn look_at_dq_turn(int* counter, int rank, int lane) {
+  DqTurn turn{counter, rank, -1};
+  if (lane == 0)
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(turn.seen) : "l"(counter) : "memory");
+  return turn;
+}
+
+/// Waits for the warp's turn: lane 0 reads the counter until it equals the rank (every
+/// kv_block before this one has added), then makes the adds it waited for happen before its
+/// own: `fence.acq_rel.gpu` after the load that saw the release (acquire) and, for the
+/// TMA's bulk reduction, `fence.proxy.async.global`. The other lanes follow lane 0
+/// (__syncwarp). A counter past the rank, or a wait longer than kDqTurnTimeoutNs, traps.
+__device__ __forceinline__ void wait_dq_turn(DqTurn& turn, int lane) {
+  if (lane == 0) {
+    if (turn.seen != turn.rank) {
+      unsigned long long start, now;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+      do {
+        asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];"
+                     : "=r"(turn.seen)
+                     : "l"(turn.counter)
+                     : "memory");
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        if (turn.seen > turn.rank || now - start > kDqTurnTimeoutNs) __trap();
+      } while (turn.seen != turn.rank);
+    }
+    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+  }
+  __syncwarp();
+}
+
+/// Passes the turn on once the warp's adds have completed: after a bulk reduction (kBulk) lane
+/// 0, which issued it, waits for its completion (`cp.async.bulk.wait_group 0`, which makes
+/// its writes visible to lane 0); after `red` adds the lanes meet in __syncwarp (their adds
+/// then happen before lane 0's next operation). Then lane 0 increments the counter with
+/// release semantics (`red.release.gpu`: every add before it is visible to whoever reads the
+/// new value).
+template <bool kBulk>
+__device__ __forceinline__ void pass_dq_turn(const DqTurn& turn, int lane) {
+  if constexpr (kBulk) {
+    if (lane == 0) bulk_wait<false>();
+  } else {
+    __syncwarp();
+  }
+  if (lane == 0)
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn.counter) : "memory");
+}
+
+// ------------------------------------------------------------------------------------------
 // The order of the thread blocks
 // ------------------------------------------------------------------------------------------
 
@@ -1117,13 +1171,15 @@ __device__ __forceinline__ void decode_block_order(int num_blocks, int num_pairs
 // ------------------------------------------------------------------------------------------
 
 /// Preprocess, 8 threads per query row (i, head, batch): \f$D_i = \sum_c dO_{ic} O_{ic}\f$ in
-/// fp32, the lse in base 2 (\f$L_i \log_2 e\f$, for the exp2 trick) and, when `dq_accum` is
-/// not null, a zeroed fp32 dQ accumulator row. Padding rows \f$N_q \le i < N_{q,pad}\f$ get
-/// \f$D_i = 0\f$ and \f$L_i = +\infty\f$, so that they contribute \f$P = 0\f$.
+/// fp32, the lse in base 2 (\f$L_i \log_2 e\f$, for the exp2 trick), a zeroed fp32 dQ
+/// accumulator row and, when `dq_counters` is not null (deterministic mode), a zeroed counter
+/// (one int per row: those of a q_block's first rows serve its warps, see DqTurn). Padding
+/// rows \f$N_q \le i < N_{q,pad}\f$ get \f$D_i = 0\f$ and \f$L_i = +\infty\f$, so that they
+/// contribute \f$P = 0\f$.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(256)
     bwd_preprocess_kernel(const fa_bwd_args args, int seqlen_q_pad, float* lse_log2, float* d_row,
-                          float* dq_accum) {
+                          float* dq_accum, int* dq_counters) {
   constexpr int kLanesPerRow = 8, kChunksPerLane = kHeadDim / 8 / kLanesPerRow;
   const fa_fwd_args& f = args.fwd;
   const int row = blockIdx.x * (256 / kLanesPerRow) + threadIdx.x / kLanesPerRow;
@@ -1146,10 +1202,9 @@ __global__ void __launch_bounds__(256)
       for (int e = 0; e < 8; ++e) dot += to_float(o_el[e]) * to_float(do_el[e]);
     }
   }
-  if (dq_accum != nullptr) {  // every row of the padded slice (dq_accum layout: whole q_blocks)
-    float4* dq_row = reinterpret_cast<float4*>(dq_accum + (bh * seqlen_q_pad + row) * kHeadDim);
-    for (int i = sub; i < kHeadDim / 4; i += kLanesPerRow) dq_row[i] = make_float4(0, 0, 0, 0);
-  }
+  // Every row of the padded slice (dq_accum layout: whole q_blocks).
+  float4* dq_row = reinterpret_cast<float4*>(dq_accum + (bh * seqlen_q_pad + row) * kHeadDim);
+  for (int i = sub; i < kHeadDim / 4; i += kLanesPerRow) dq_row[i] = make_float4(0, 0, 0, 0);
   for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2)
     dot += __shfl_xor_sync(0xffffffffu, dot, offset);
   if (sub == 0) {
@@ -1157,6 +1212,7 @@ __global__ void __launch_bounds__(256)
     d_row[idx] = dot;
     lse_log2[idx] =
         row < f.seqlen_q ? f.lse[bh * f.seqlen_q + row] * static_cast<float>(kLog2e) : INFINITY;
+    if (dq_counters != nullptr) dq_counters[idx] = 0;
   }
 }
 
@@ -1180,10 +1236,11 @@ struct BwdBlock {
   int kv_col0;  ///< its first head-dim column of dK, dV
   const char* k_tile;
   const char* v_tile;
-  char* pt_tile;    ///< \f$P^T\f$, [key][query] (P through shared memory only)
-  char* ds_tile;    ///< \f$dS^T\f$, [key][query]
-  float* dq_stage;  ///< sm_90 large shapes: the warps' dQ tiles, for the bulk reduction
-  float* dq_accum;  ///< atomic mode: the fp32 dQ accumulator ([batch][head][seqlen_q_pad][d])
+  char* pt_tile;     ///< \f$P^T\f$, [key][query] (P through shared memory only)
+  char* ds_tile;     ///< \f$dS^T\f$, [key][query]
+  float* dq_stage;   ///< sm_90 large shapes: the warps' dQ tiles, for the bulk reduction
+  float* dq_accum;   ///< the fp32 dQ accumulator ([batch][head][seqlen_q_pad][d])
+  int* dq_counters;  ///< deterministic mode: DqTurn's counters ([batch][head][seqlen_q_pad])
   int seqlen_q_pad;
   // this q_block
   int q_start;
@@ -1321,65 +1378,87 @@ __device__ __forceinline__ void compute_ds_t_from_smem(float (&dp)[kMTiles][kNTi
     }
 }
 
-/// Algorithm 2, line 16: \f$dQ_i \mathrel{+}= dS\,K_j\f$ (atomic mode only; a no-op otherwise).
-/// Warp w computes query rows dq_warp_row0(w) + [0, 32) and kDqCols head-dim columns, A =
-/// dS read from the \f$dS^T\f$ tile transposed, then adds each m16n8 fragment with one
-/// 16-byte atomic in the dq_accum layout (dq_fragment_index). Rows that see no key of this
-/// kv_block (causal, above the diagonal) or do not exist are skipped. With a dQ stage (sm_90,
-/// large shapes) the fragments are only staged in shared memory, in the dq_accum layout, and
-/// the result is where issue_dq must send them (else null): the registers are free as soon
-/// as the stores are issued, no red.global queue.
-template <class Tr, typename T, bool kAtomicDq>
-__device__ __forceinline__ float* accumulate_dq(const BwdBlock<Tr>& b) {
-  if constexpr (kAtomicDq) {
-    using Ds = DsLayout<Tr::kBlockM>;
-    float* const dst =  // the q_block's slice of dq_accum
-        b.dq_accum +
-        ((static_cast<int64_t>(b.batch) * b.f.heads + b.head) * b.seqlen_q_pad + b.q_start) *
-            Tr::kHeadDim;
-    const int dq_row0 = dq_warp_row0<Tr>(b.warp), dq_col0 = dq_warp_col0<Tr>(b.warp);
-    const bool rows_empty = b.q_start + dq_row0 >= b.f.seqlen_q ||
-                            (b.f.causal && b.q_start + dq_row0 + 31 + b.diag < b.kv_start);
-    if (!rows_empty) {
-      float dq[2][Tr::kDqNTiles][4];
-      zero(dq);
-      warp_gemm<T, Tr::kBlockN / 16>(dq, SmemAt<Ds>(b.ds_tile, dq_row0, b.lane),
-                                     SmemB<Tr>(b.k_tile, 0, dq_col0, b.lane));
-      if constexpr (Tr::kDqStage && kHasBulkReduce) {
-        if (b.lane == 0) bulk_wait<true>();  // the previous reduction has read the stage
-        __syncwarp();
+/// What accumulate_dq leaves to issue_dq and release_dq: where the warp's staged dQ goes (null:
+/// nothing staged) and, in deterministic mode, its turn in the order of the adds.
+struct DqHandoff {
+  float* dst;
+  DqTurn turn;
+};
+
+/// Algorithm 2, line 16: \f$dQ_i \mathrel{+}= dS\,K_j\f$. Warp w computes query rows
+/// dq_warp_row0(w) + [0, 32) and kDqCols head-dim columns, A = dS read from the \f$dS^T\f$
+/// tile transposed, then adds each m16n8 fragment with one 16-byte atomic in the dq_accum
+/// layout (dq_fragment_index). Rows that see no key of this kv_block (causal, above the
+/// diagonal) or do not exist are skipped. With a dQ stage (sm_90, large shapes) the fragments
+/// are only staged in shared memory, in the dq_accum layout, for issue_dq: the registers are
+/// free as soon as the stores are issued, no red.global queue. In deterministic mode
+/// (kOrderedDq) the adds wait for the warp's turn (DqTurn), whose counter lane 0 reads
+/// before the product; a warp with nothing to add takes no turn: under causal masking those
+/// are the last kv_blocks of the q_block's order (the empty rows of kv_block j are empty
+/// for every later kv_block too), so no warp waits for them.
+template <class Tr, typename T, bool kOrderedDq>
+__device__ __forceinline__ DqHandoff accumulate_dq(const BwdBlock<Tr>& b) {
+  using Ds = DsLayout<Tr::kBlockM>;
+  DqHandoff h{nullptr, {nullptr, 0, 0}};
+  const int64_t row0 =  // the q_block's first row in the per-row scratch
+      (static_cast<int64_t>(b.batch) * b.f.heads + b.head) * b.seqlen_q_pad + b.q_start;
+  float* const dst = b.dq_accum + row0 * Tr::kHeadDim;  // the q_block's slice of dq_accum
+  const int dq_row0 = dq_warp_row0<Tr>(b.warp), dq_col0 = dq_warp_col0<Tr>(b.warp);
+  const bool rows_empty = b.q_start + dq_row0 >= b.f.seqlen_q ||
+                          (b.f.causal && b.q_start + dq_row0 + 31 + b.diag < b.kv_start);
+  if (rows_empty) return h;
+  if constexpr (kOrderedDq)
+    h.turn = look_at_dq_turn(b.dq_counters + row0 + b.warp, b.kv_start / Tr::kBlockN, b.lane);
+  float dq[2][Tr::kDqNTiles][4];
+  zero(dq);
+  warp_gemm<T, Tr::kBlockN / 16>(dq, SmemAt<Ds>(b.ds_tile, dq_row0, b.lane),
+                                 SmemB<Tr>(b.k_tile, 0, dq_col0, b.lane));
+  if constexpr (Tr::kDqStage && kHasBulkReduce) {
+    if (b.lane == 0) bulk_wait<true>();  // the previous reduction has read the stage
+    __syncwarp();
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int nd = 0; nd < Tr::kDqNTiles; ++nd)
-            *reinterpret_cast<float4*>(b.dq_stage + 4 * dq_fragment_index<Tr>(mt, nd, b.tid)) =
-                make_float4(dq[mt][nd][0], dq[mt][nd][1], dq[mt][nd][2], dq[mt][nd][3]);
-        return dst;
-      } else {
+      for (int nd = 0; nd < Tr::kDqNTiles; ++nd)
+        *reinterpret_cast<float4*>(b.dq_stage + 4 * dq_fragment_index<Tr>(mt, nd, b.tid)) =
+            make_float4(dq[mt][nd][0], dq[mt][nd][1], dq[mt][nd][2], dq[mt][nd][3]);
+    h.dst = dst;
+  } else {
+    if constexpr (kOrderedDq) wait_dq_turn(h.turn, b.lane);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int nd = 0; nd < Tr::kDqNTiles; ++nd)
-            atomic_add4(dst + 4 * dq_fragment_index<Tr>(mt, nd, b.tid), dq[mt][nd]);
-      }
-    }
+      for (int nd = 0; nd < Tr::kDqNTiles; ++nd)
+        atomic_add4(dst + 4 * dq_fragment_index<Tr>(mt, nd, b.tid), dq[mt][nd]);
+    if constexpr (kOrderedDq) pass_dq_turn<false>(h.turn, b.lane);
   }
-  return nullptr;
+  return h;
 }
 
 /// Hands the warp's staged dQ (accumulate_dq's result) to the TMA: one lane issues a bulk
-/// reduction of the warp's stretch. The fence (MEMBAR + FENCE.VIEW.ASYNC in SASS) waits
-/// until this thread's stores to the stage have completed, so it goes one product after the
-/// stores, not right behind them (NOTES.md, change 4).
-template <class Tr, bool kAtomicDq>
-__device__ __forceinline__ void issue_dq(const BwdBlock<Tr>& b, float* dst) {
-  if constexpr (kAtomicDq && Tr::kDqStage && kHasBulkReduce) {
+/// reduction of the warp's stretch, in deterministic mode once it is the warp's turn. The
+/// fence (MEMBAR + FENCE.VIEW.ASYNC in SASS) waits until this thread's stores to the stage
+/// have completed, so it goes one product after the stores, not right behind them (NOTES.md,
+/// change 4).
+template <class Tr, bool kOrderedDq>
+__device__ __forceinline__ void issue_dq(const BwdBlock<Tr>& b, DqHandoff& h) {
+  if constexpr (Tr::kDqStage && kHasBulkReduce) {
     fence_proxy_async_shared();
     __syncwarp();
-    const int part = b.warp * Tr::kDqWarpFloats;  // this warp's stretch of the dQ slice
-    if (dst != nullptr && b.lane == 0)
-      bulk_reduce_add(dst + part, b.dq_stage + part, Tr::kDqWarpFloats * 4);
+    if (h.dst != nullptr) {
+      if constexpr (kOrderedDq) wait_dq_turn(h.turn, b.lane);
+      const int part = b.warp * Tr::kDqWarpFloats;  // this warp's stretch of the dQ slice
+      if (b.lane == 0) bulk_reduce_add(h.dst + part, b.dq_stage + part, Tr::kDqWarpFloats * 4);
+    }
   }
+}
+
+/// Deterministic mode, after issue_dq: passes the warp's turn on once its bulk reduction has
+/// completed (one product later, so that the TMA adds while the warp computes \f$dK\f$).
+template <class Tr, bool kOrderedDq>
+__device__ __forceinline__ void release_dq(const BwdBlock<Tr>& b, const DqHandoff& h) {
+  if constexpr (kOrderedDq && Tr::kDqStage && kHasBulkReduce)
+    if (h.dst != nullptr) pass_dq_turn<true>(h.turn, b.lane);
 }
 
 /// Algorithm 2, line 17: \f$dK_j \mathrel{+}= dS^T Q_i\f$ (the softmax scale is applied once,
@@ -1397,8 +1476,10 @@ __device__ __forceinline__ void accumulate_dk(float (&dk_acc)[kMTiles][kNTiles][
 /// above the diagonal or keys past \f$N_k\f$, stores zeros). After one barrier, warp (n, c)
 /// computes dV and dK for its 32 keys and half of the head dimension over all queries, and
 /// dQ for its rows. Line 13 (dV) moves after line 15: it reads \f$P^T\f$ of every warp. dQ
-/// goes first and its bulk reduction (sm_90) after dV, so that the TMA adds during dK.
-template <class Tr, typename T, bool kAtomicDq>
+/// goes first and its bulk reduction (sm_90) after dV, so that the TMA adds during dK; in
+/// deterministic mode the warp waits for its turn before the reduction and passes it on
+/// after dK.
+template <class Tr, typename T, bool kOrderedDq>
 __device__ __forceinline__ void q_block_p_in_smem(
     const BwdBlock<Tr>& b, float (&dv_acc)[Tr::kKvMTiles][Tr::kKvNTiles][4],
     float (&dk_acc)[Tr::kKvMTiles][Tr::kKvNTiles][4]) {
@@ -1429,8 +1510,8 @@ __device__ __forceinline__ void q_block_p_in_smem(
     store_tile_fragments<Ds>(b.pt_tile, zero_frag, b.key0, b.query0, b.lane);
     store_tile_fragments<Ds>(b.ds_tile, zero_frag, b.key0, b.query0, b.lane);
   }
-  __syncthreads();                                           // P^T, dS^T of the whole block are in
-  float* const dq_dst = accumulate_dq<Tr, T, kAtomicDq>(b);  // line 16 (staged on sm_90)
+  __syncthreads();                                         // P^T, dS^T of the whole block are in
+  DqHandoff dq_add = accumulate_dq<Tr, T, kOrderedDq>(b);  // line 16 (staged on sm_90)
   // Warp (n, c) owns keys key0 + [0, 32) and head-dim columns kv_col0 + [0, d / 2), all
   // queries of the q_block. Keys that see no query are skipped.
   const bool keys_empty =
@@ -1438,9 +1519,10 @@ __device__ __forceinline__ void q_block_p_in_smem(
       (b.f.causal && b.kv_start + b.key0 > b.q_start + Tr::kBlockM - 1 + b.diag);
   if (!keys_empty)  // line 13
     accumulate_dv<Tr, T, Tr::kBlockM / 16>(dv_acc, SmemA<Ds>(b.pt_tile, b.key0, b.lane), b, 0);
-  issue_dq<Tr, kAtomicDq>(b, dq_dst);
+  issue_dq<Tr, kOrderedDq>(b, dq_add);
   if (!keys_empty)  // line 17
     accumulate_dk<Tr, T, Tr::kBlockM / 16>(dk_acc, SmemA<Ds>(b.ds_tile, b.key0, b.lane), b, 0);
+  release_dq<Tr, kOrderedDq>(b, dq_add);
 }
 
 /// One q_block with P in registers (99 KB shapes). Warp (n, m) owns 16 keys and walks its
@@ -1450,7 +1532,7 @@ __device__ __forceinline__ void q_block_p_in_smem(
 /// for dQ, which sums over all keys of the block. A slice whose queries see none of the
 /// warp's keys has P = 0 and dS = 0: only its zero dS^T is stored. With one dO buffer the
 /// next dO is loaded during dQ.
-template <class Tr, typename T, bool kAtomicDq>
+template <class Tr, typename T>
 __device__ __forceinline__ void q_block_p_in_registers(
     const BwdBlock<Tr>& b, float (&dv_acc)[Tr::kKvMTiles][Tr::kKvNTiles][4],
     float (&dk_acc)[Tr::kKvMTiles][Tr::kKvNTiles][4]) {
@@ -1484,8 +1566,8 @@ __device__ __forceinline__ void q_block_p_in_registers(
       accumulate_dv<Tr, T, Tr::kNTilesS / 2>(dv_acc, RegA<1, Tr::kNTilesS>{p_frag}, b, col0);
       accumulate_dk<Tr, T, Tr::kNTilesS / 2>(dk_acc, RegA<1, Tr::kNTilesS>{ds_frag}, b, col0);
     }
-    if constexpr (kAtomicDq)  // dS^T to shared memory: dQ_i needs all keys of the block
-      store_tile_fragments<Ds>(b.ds_tile, ds_frag, b.key0, col0, b.lane);
+    // dS^T to shared memory: dQ_i needs all keys of the block.
+    store_tile_fragments<Ds>(b.ds_tile, ds_frag, b.key0, col0, b.lane);
   }
 }
 
@@ -1545,15 +1627,19 @@ __device__ __forceinline__ void store_kv_grad(const float (&acc)[Tr::kKvMTiles][
 /// \f[ P_{ij} = 2^{\,S_{ij} \log_2 e - L_i \log_2 e},\quad dV_j \mathrel{+}= P_{ij}^T dO_i,\quad
 ///     dP_{ij} = dO_i V_j^T,\quad dS_{ij} = P_{ij} \circ (dP_{ij} - D_i), \f]
 /// \f[ dK_j \mathrel{+}= \mathrm{scale}\; dS_{ij}^T Q_i,\qquad
-///     \mathrm{dq\_accum}_i \mathrel{+}= dS_{ij} K_j \ \text{(fp32 atomics, kAtomicDq)}. \f]
+///     \mathrm{dq\_accum}_i \mathrel{+}= dS_{ij} K_j \ \text{(fp32 adds)}. \f]
 /// Each warp computes the transposed scores \f$S^T = K Q^T\f$ and \f$dP^T = V dO^T\f$ for its
 /// keys; the q_block's lines run in q_block_p_in_smem (large shapes) or
 /// q_block_p_in_registers (99 KB shapes). Per q_block: wait for Q_i, dO_i (loaded during the
-/// previous one), start loading Q_{i+1} (and dO_{i+1} with two dO buffers), then the lines.
-template <typename T, int kHeadDim, bool kLargeSmem, bool kAtomicDq>
+/// previous one), start loading the next q_block's, then the lines. In deterministic mode
+/// (kOrderedDq) the dQ adds of each q_block go in kv_block order (DqTurn, counters in
+/// `dq_counters`) and each head's q_blocks are walked from the last one down, so that the
+/// kv_blocks of a head, resident together, reach a q_block in that order too.
+template <typename T, int kHeadDim, bool kLargeSmem, bool kOrderedDq>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 1)
-    bwd_dk_dv_kernel(const fa_bwd_args args, float* dq_accum, const float* lse_log2,
-                     const float* d_row, int seqlen_q_pad, float scale_log2, int group_pairs) {
+    bwd_dk_dv_kernel(const fa_bwd_args args, float* dq_accum, int* dq_counters,
+                     const float* lse_log2, const float* d_row, int seqlen_q_pad, float scale_log2,
+                     int group_pairs) {
   using Tr = BwdTraits<kHeadDim, kLargeSmem>;
   extern __shared__ __align__(128) char smem[];
   const fa_fwd_args& f = args.fwd;
@@ -1579,6 +1665,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
   b.ds_tile = smem + Tr::kOffDs;
   b.dq_stage = reinterpret_cast<float*>(smem + Tr::kOffDqStage);
   b.dq_accum = dq_accum;
+  b.dq_counters = dq_counters;
   b.seqlen_q_pad = seqlen_q_pad;
   const int group_size = f.heads / f.heads_kv;
 
@@ -1587,6 +1674,10 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
   const int n_q_blocks = (b.f.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   const int m_begin = b.f.causal ? min(n_q_blocks, max(0, b.kv_start - b.diag) / Tr::kBlockM) : 0;
   const int n_iters = group_size * (n_q_blocks - m_begin);  // (query head, q_block) pairs
+  // Each head's q_blocks in order, or from the last one down (deterministic mode).
+  const int first_q_block = kOrderedDq ? n_q_blocks - 1 : m_begin;
+  const int past_q_block = kOrderedDq ? m_begin - 1 : n_q_blocks;
+  const int q_step = kOrderedDq ? -1 : 1;
 
   // Prologue: K_j, V_j and the first q_block in one cp.async group.
   const T* const k =
@@ -1597,8 +1688,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
   load_tile_async<Tr, Tr::kBlockN>(smem + Tr::kOffV, v, f.v.row_stride, b.kv_start, b.f.seqlen_k,
                                    b.tid);
   if (n_iters > 0)
-    load_q_block<Tr, T>(args, b, lse_log2, d_row, seqlen_q_pad, b.head_kv * group_size, m_begin, 0,
-                        true, true);
+    load_q_block<Tr, T>(args, b, lse_log2, d_row, seqlen_q_pad, b.head_kv * group_size,
+                        first_q_block, 0, true, true);
   fa::cp_async_commit();
 
   // On-chip state for the whole loop: this warp's part of dV_j and (unscaled) dK_j.
@@ -1606,13 +1697,13 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
   zero(dv_acc);
   zero(dk_acc);
 
-  // Iteration it visits (query head, q_block) = (head, q_block): the q_blocks of one head in
-  // order, then the next head of the group (counters, not it / m_count: no integer division).
-  int head = b.head_kv * group_size, q_block = m_begin;
+  // Iteration it visits (query head, q_block) = (head, q_block): the q_blocks of one head,
+  // then the next head of the group (counters, not it / m_count: no integer division).
+  int head = b.head_kv * group_size, q_block = first_q_block;
   for (int it = 0; it < n_iters; ++it) {
     const int buf = it & 1;
-    int next_head = head, next_q_block = q_block + 1;
-    if (next_q_block == n_q_blocks) next_q_block = m_begin, ++next_head;
+    int next_head = head, next_q_block = q_block + q_step;
+    if (next_q_block == past_q_block) next_q_block = first_q_block, ++next_head;
     b.q_start = q_block * Tr::kBlockM;
     b.q_tile = smem + Tr::kOffQ + buf * Tr::kQBytes;
     b.do_tile = smem + Tr::kOffDo + (Tr::kStagesDo == 2 ? buf : 0) * Tr::kQBytes;
@@ -1628,17 +1719,17 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
     fa::cp_async_commit();
 
     if constexpr (Tr::kPtInSmem) {
-      q_block_p_in_smem<Tr, T, kAtomicDq>(b, dv_acc, dk_acc);
+      q_block_p_in_smem<Tr, T, kOrderedDq>(b, dv_acc, dk_acc);
     } else {
-      q_block_p_in_registers<Tr, T, kAtomicDq>(b, dv_acc, dk_acc);
-      if constexpr (kAtomicDq || Tr::kStagesDo == 1) __syncthreads();  // dS^T in; dO_i read
+      q_block_p_in_registers<Tr, T>(b, dv_acc, dk_acc);
+      __syncthreads();  // dS^T is in; dO_i has been read
       if constexpr (Tr::kStagesDo == 1) {
         if (it + 1 < n_iters)
           load_q_block<Tr, T>(args, b, lse_log2, d_row, seqlen_q_pad, next_head, next_q_block,
                               buf ^ 1, false, true);
         fa::cp_async_commit();
       }
-      accumulate_dq<Tr, T, kAtomicDq>(b);  // line 16
+      accumulate_dq<Tr, T, kOrderedDq>(b);  // line 16
     }
     head = next_head;
     q_block = next_q_block;
@@ -1703,161 +1794,6 @@ __global__ void __launch_bounds__(Tr::kNumThreads)
 }
 
 // ------------------------------------------------------------------------------------------
-// Deterministic mode: dQ with the forward's loop order, no atomics
-// ------------------------------------------------------------------------------------------
-
-/// Deterministic dQ, one thread block per (q_block i, query head, batch): the loop order of
-/// the forward, the thread blocks in the order of decode_block_order (under causal masking
-/// the last q_blocks, which see the most keys, first). The kv_blocks j that q_block i sees
-/// are visited in order and
-/// \f[ dQ_i = \mathrm{scale} \sum_j \big(P_{ij} \circ (dO_i V_j^T - D_i)\big) K_j \f]
-/// is summed in registers, with \f$P_{ij}\f$ recomputed from the lse: lines 11, 12, 14, 15
-/// and 16 of Algorithm 2 again, with the same warp_gemm. Each warp owns 16 query rows, so
-/// \f$dS\f$ never leaves registers (as P in the forward's \f$P V\f$). The summation order is
-/// fixed: results are bit-identical from run to run, at the cost of recomputing \f$S\f$ and
-/// \f$dP\f$ (7 matmuls per block pair instead of 5 for the whole backward). Per kv_block:
-/// wait for K_j, V_j; start loading K_{j+1}; \f$S\f$, \f$dP\f$; start loading V_{j+1};
-/// \f$dS\f$, \f$dQ \mathrel{+}= dS K_j\f$.
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(DqTraits<kHeadDim>::kNumThreads)
-    bwd_dq_kernel(const fa_bwd_args args, const float* lse_log2, const float* d_row,
-                  int seqlen_q_pad, float scale_log2, int group_pairs) {
-  using Tr = DqTraits<kHeadDim>;
-  extern __shared__ __align__(128) char smem[];
-  char* const q_tile = smem;
-  char* const do_tile = smem + Tr::kOffDo;
-  char* const v_tile = smem + Tr::kOffV;
-
-  const fa_fwd_args& f = args.fwd;
-  const int num_q_blocks = (f.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-  int block = 0, pair = 0;
-  decode_block_order(num_q_blocks, f.batch * f.heads, group_pairs, block, pair);
-  const int q_block = num_q_blocks - 1 - block, head = pair % f.heads, batch = pair / f.heads;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int group = lane / 4, quad = lane % 4;
-  const int warp_row0 = 16 * warp;
-  const int head_kv = head / (f.heads / f.heads_kv);
-  const int seqlen_q = f.seqlen_q, seqlen_k = f.seqlen_k;
-  const int q_start = q_block * Tr::kBlockM;
-  const int diag = seqlen_k - seqlen_q;
-
-  // kv_blocks this q_block sees: all, or under causal masking up to the one holding the last
-  // key its last row sees (none when even that row sees no key).
-  int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
-  if (f.causal) {
-    const int last_key = q_start + Tr::kBlockM - 1 + diag;
-    n_blocks = min(n_blocks, last_key < 0 ? 0 : last_key / Tr::kBlockN + 1);
-  }
-
-  const T* const q =
-      static_cast<const T*>(f.q.ptr) + batch * f.q.batch_stride + head * f.q.head_stride;
-  const T* const d_o = static_cast<const T*>(args.d_o.ptr) + batch * args.d_o.batch_stride +
-                       head * args.d_o.head_stride;
-  const T* const k =
-      static_cast<const T*>(f.k.ptr) + batch * f.k.batch_stride + head_kv * f.k.head_stride;
-  const T* const v =
-      static_cast<const T*>(f.v.ptr) + batch * f.v.batch_stride + head_kv * f.v.head_stride;
-
-  // Prologue: Q_i, dO_i, K_0, V_0 in one group.
-  load_tile_async<Tr, Tr::kBlockM>(q_tile, q, f.q.row_stride, q_start, seqlen_q, tid);
-  load_tile_async<Tr, Tr::kBlockM>(do_tile, d_o, args.d_o.row_stride, q_start, seqlen_q, tid);
-  if (n_blocks > 0) {
-    load_tile_async<Tr, Tr::kBlockN>(smem + Tr::kOffK, k, f.k.row_stride, 0, seqlen_k, tid);
-    load_tile_async<Tr, Tr::kBlockN>(v_tile, v, f.v.row_stride, 0, seqlen_k, tid);
-  }
-  fa::cp_async_commit();
-
-  // lse (base 2) and D of this thread's two rows (the padded scratch covers the block).
-  const int64_t stat =
-      (static_cast<int64_t>(batch) * f.heads + head) * seqlen_q_pad + q_start + warp_row0 + group;
-  const float lse[2] = {lse_log2[stat], lse_log2[stat + 8]};
-  const float d[2] = {d_row[stat], d_row[stat + 8]};
-
-  float dq_acc[1][Tr::kNTilesD][4];
-  zero(dq_acc);
-
-  for (int kv_block = 0; kv_block < n_blocks; ++kv_block) {
-    const int kv_start = kv_block * Tr::kBlockN;
-    const char* const k_tile = smem + Tr::kOffK + (kv_block & 1) * Tr::kKBytes;
-    fa::cp_async_wait<0>();
-    __syncthreads();  // K_j, V_j have landed; every warp is done with the other K buffer
-    if (kv_block + 1 < n_blocks)
-      load_tile_async<Tr, Tr::kBlockN>(smem + Tr::kOffK + ((kv_block + 1) & 1) * Tr::kKBytes, k,
-                                       f.k.row_stride, kv_start + Tr::kBlockN, seqlen_k, tid);
-    fa::cp_async_commit();
-
-    // Lines 11-12: P = exp2(S scale log2e - L log2e), S = Q_i K_j^T, masked as in the main
-    // kernel.
-    const bool needs_mask = kv_start + Tr::kBlockN > seqlen_k ||
-                            (f.causal && kv_start + Tr::kBlockN - 1 > q_start + diag);
-    uint32_t p_frag[1][Tr::kNTilesS][2];
-    {
-      float s[1][Tr::kNTilesS][4];
-      zero(s);
-      warp_gemm<T, Tr::kHeadDim / 16, 4>(s, SmemA<Tr>(q_tile, warp_row0, lane),
-                                         SmemBt<Tr>(k_tile, 0, lane));
-#pragma unroll
-      for (int nt = 0; nt < Tr::kNTilesS; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float p = fa::exp2_approx(fmaf(s[0][nt][e], scale_log2, -lse[e >> 1]));
-          if (needs_mask) {
-            const int key = kv_start + 8 * nt + 2 * quad + (e & 1);
-            const int row = q_start + warp_row0 + group + 8 * (e >> 1);
-            if (key >= seqlen_k || (f.causal && key > row + diag)) p = 0.f;
-          }
-          s[0][nt][e] = p;
-        }
-      pack_fragments<T>(p_frag, s);
-    }
-    // Lines 14-15: dP = dO_i V_j^T and dS = P o (dP - D).
-    uint32_t ds_frag[1][Tr::kNTilesS][2];
-    {
-      float dp[1][Tr::kNTilesS][4];
-      zero(dp);
-      warp_gemm<T, Tr::kHeadDim / 16, 4>(dp, SmemA<Tr>(do_tile, warp_row0, lane),
-                                         SmemBt<Tr>(v_tile, 0, lane));
-#pragma unroll
-      for (int nt = 0; nt < Tr::kNTilesS; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          dp[0][nt][e] = unpack_half<T>(p_frag[0][nt][e >> 1], e & 1) * (dp[0][nt][e] - d[e >> 1]);
-      pack_fragments<T>(ds_frag, dp);
-    }
-    __syncthreads();  // every warp is done with V_j
-    if (kv_block + 1 < n_blocks)
-      load_tile_async<Tr, Tr::kBlockN>(v_tile, v, f.v.row_stride, kv_start + Tr::kBlockN, seqlen_k,
-                                       tid);
-    fa::cp_async_commit();
-
-    // Line 16: dQ_i += dS K_j, dS from registers.
-    warp_gemm<T, Tr::kBlockN / 16>(dq_acc, RegA<1, Tr::kNTilesS>{ds_frag},
-                                   SmemB<Tr>(k_tile, 0, 0, lane));
-  }
-
-  // Epilogue: scale * dQ_i through the Q tile (no longer needed), 16-byte stores.
-  fa::cp_async_wait<0>();
-  __syncthreads();
-#pragma unroll
-  for (int nd = 0; nd < Tr::kNTilesD; ++nd)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      *reinterpret_cast<uint32_t*>(q_tile + swizzle<Tr::kRowBytes>(warp_row0 + group + 8 * h, nd) +
-                                   4 * quad) =
-          fa::pack2<T>(dq_acc[0][nd][2 * h] * f.scale, dq_acc[0][nd][2 * h + 1] * f.scale);
-  __syncthreads();
-  T* const dq =
-      static_cast<T*>(args.dq.ptr) + batch * args.dq.batch_stride + head * args.dq.head_stride;
-#pragma unroll
-  for (int idx = tid; idx < Tr::kBlockM * Tr::kChunksPerRow; idx += Tr::kNumThreads) {
-    const int row = idx / Tr::kChunksPerRow, chunk = idx % Tr::kChunksPerRow;
-    if (q_start + row < seqlen_q)
-      *reinterpret_cast<uint4*>(dq + (q_start + row) * args.dq.row_stride + 8 * chunk) =
-          *reinterpret_cast<const uint4*>(q_tile + swizzle<Tr::kRowBytes>(row, chunk));
-  }
-}
-
-// ------------------------------------------------------------------------------------------
 // Backward launcher
 // ------------------------------------------------------------------------------------------
 
@@ -1878,18 +1814,19 @@ fa_status set_smem(Kernel kernel, int bytes, const char* name) {
 }
 
 /// The one-dimensional grid of `num_blocks` thread blocks for each of `num_pairs` (batch,
-/// head) pairs, and the group size decode_block_order reads: under causal masking (and
-/// kLongestFirst) a group holds at least 4 waves of resident thread blocks, enough for the
-/// longest-first order to balance the SMs, and no more pairs than that, so that the thread
-/// blocks that read the same tensors run at the same time and share them in L2 (step 06's
-/// rule); otherwise a group is one pair and its blocks run in order.
+/// head) pairs, and the group size decode_block_order reads: with `grouped` a group holds at
+/// least 4 waves of resident thread blocks, enough for the longest-first order to balance the
+/// SMs under causal masking and for the ordered dQ adds to find each kv_block one hand-off
+/// behind the one before (README "Deterministic mode"), and no more pairs than that, so that
+/// the thread blocks that read the same tensors run at the same time and share them in L2
+/// (step 06's rule); otherwise a group is one pair and its blocks run in order.
 template <typename Kernel>
 fa_status block_order(Kernel kernel, int threads, int smem_bytes, int64_t num_blocks,
-                      int64_t num_pairs, bool causal, dim3* grid, int* group_pairs) {
+                      int64_t num_pairs, bool grouped, dim3* grid, int* group_pairs) {
   if (num_blocks * num_pairs > INT32_MAX)
     return fa::set_error(FA_ERR_UNSUPPORTED, "07_backward: more than 2^31 - 1 thread blocks");
   int64_t pairs = 1;
-  if (causal && kLongestFirst) {
+  if (grouped) {
     int device = 0, num_sms = 0, blocks_per_sm = 0;
     FA_CUDA_TRY(cudaGetDevice(&device));
     FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
@@ -1904,117 +1841,90 @@ fa_status block_order(Kernel kernel, int threads, int smem_bytes, int64_t num_bl
   return FA_OK;
 }
 
-/// Launches the main kernel with the small or large tile shape and, in atomic mode, the dQ
-/// conversion, which reads dq_accum in that shape's layout (`dq_accum` null: the
-/// deterministic variant without the dQ part).
+/// Launches the main kernel with the small or large tile shape (in deterministic mode its
+/// ordered-dQ variant, `dq_counters` not null), then the dQ conversion, which reads dq_accum
+/// in that shape's layout.
 template <typename T, int kHeadDim, bool kLargeSmem>
 fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
-                       const float* lse_log2, const float* d_row, float* dq_accum,
+                       const float* lse_log2, const float* d_row, float* dq_accum, int* dq_counters,
                        float scale_log2) {
   using Tr = BwdTraits<kHeadDim, kLargeSmem>;
   const fa_fwd_args& f = args.fwd;
-  const auto kernel = dq_accum != nullptr ? bwd_dk_dv_kernel<T, kHeadDim, kLargeSmem, true>
-                                          : bwd_dk_dv_kernel<T, kHeadDim, kLargeSmem, false>;
+  const bool ordered = dq_counters != nullptr;
+  const auto kernel = ordered ? bwd_dk_dv_kernel<T, kHeadDim, kLargeSmem, true>
+                              : bwd_dk_dv_kernel<T, kHeadDim, kLargeSmem, false>;
   fa_status status = set_smem(kernel, Tr::kSmemBytes, "bwd_dk_dv_kernel");
   if (status != FA_OK) return status;
   dim3 grid;
   int group_pairs = 1;
   status = block_order(kernel, Tr::kNumThreads, Tr::kSmemBytes,
                        (f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN,
-                       static_cast<int64_t>(f.batch) * f.heads_kv, f.causal, &grid, &group_pairs);
+                       static_cast<int64_t>(f.batch) * f.heads_kv,
+                       (f.causal && kLongestFirst) || ordered, &grid, &group_pairs);
   if (status != FA_OK) return status;
-  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, dq_accum, lse_log2, d_row,
-                                                            seqlen_q_pad, scale_log2, group_pairs);
+  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
+      args, dq_accum, dq_counters, lse_log2, d_row, seqlen_q_pad, scale_log2, group_pairs);
   FA_LAUNCH_TRY();
-  if (dq_accum != nullptr) {
-    const dim3 convert_grid((f.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, f.heads, f.batch);
-    bwd_convert_dq_kernel<Tr, T>
-        <<<convert_grid, Tr::kNumThreads, 0, stream>>>(args, dq_accum, seqlen_q_pad);
-    FA_LAUNCH_TRY();
-  }
-  return FA_OK;
-}
-
-/// Launches the deterministic dQ kernel.
-template <typename T, int kHeadDim>
-fa_status launch_dq(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
-                    const float* lse_log2, const float* d_row, float scale_log2) {
-  using Dq = DqTraits<kHeadDim>;
-  const fa_fwd_args& f = args.fwd;
-  const auto kernel = bwd_dq_kernel<T, kHeadDim>;
-  fa_status status = set_smem(kernel, Dq::kSmemBytes, "bwd_dq_kernel");
-  if (status != FA_OK) return status;
-  dim3 grid;
-  int group_pairs = 1;
-  status = block_order(kernel, Dq::kNumThreads, Dq::kSmemBytes,
-                       (f.seqlen_q + Dq::kBlockM - 1) / Dq::kBlockM,
-                       static_cast<int64_t>(f.batch) * f.heads, f.causal, &grid, &group_pairs);
-  if (status != FA_OK) return status;
-  kernel<<<grid, Dq::kNumThreads, Dq::kSmemBytes, stream>>>(args, lse_log2, d_row, seqlen_q_pad,
-                                                            scale_log2, group_pairs);
+  const dim3 convert_grid((f.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, f.heads, f.batch);
+  bwd_convert_dq_kernel<Tr, T>
+      <<<convert_grid, Tr::kNumThreads, 0, stream>>>(args, dq_accum, seqlen_q_pad);
   FA_LAUNCH_TRY();
   return FA_OK;
 }
 
-/// Runs the backward kernels on the scratch buffers (`dq_accum` null in deterministic mode):
-/// preprocess; then dK/dV with atomic dQ and the dQ conversion, or dK/dV and the
-/// deterministic dQ kernel. The main kernel takes the large tile shape where the GPU has the
-/// shared memory for it (H100, H200: about 194 KiB), else the small one (every sm_80+ GPU,
-/// the A100 included).
+/// Runs the backward kernels on the scratch buffers (`dq_counters` not null: deterministic
+/// mode): preprocess, dK/dV with the dQ adds, the dQ conversion. The main kernel takes the
+/// large tile shape where the GPU has the shared memory for it (H100, H200: about 194 KiB),
+/// else the small one (every sm_80+ GPU, the A100 included).
 template <typename T, int kHeadDim>
 fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
-                                  float* lse_log2, float* d_row, float* dq_accum) {
+                                  float* lse_log2, float* d_row, float* dq_accum,
+                                  int* dq_counters) {
   const fa_fwd_args& f = args.fwd;
   const float scale_log2 = static_cast<float>(static_cast<double>(f.scale) * kLog2e);
 
   bwd_preprocess_kernel<T, kHeadDim><<<dim3(seqlen_q_pad / 32, f.heads, f.batch), 256, 0, stream>>>(
-      args, seqlen_q_pad, lse_log2, d_row, dq_accum);
+      args, seqlen_q_pad, lse_log2, d_row, dq_accum, dq_counters);
   FA_LAUNCH_TRY();
 
   int optin = 0;
   fa_status status = fa::smem_per_block_optin(&optin);
   if (status != FA_OK) return status;
-  bool large = false;
-  if constexpr (kHasLargeBwdShape<kHeadDim>) large = optin >= BwdTraits<kHeadDim, true>::kSmemBytes;
-  if constexpr (kHasLargeBwdShape<kHeadDim>)
-    status = large ? launch_dk_dv<T, kHeadDim, true>(args, stream, seqlen_q_pad, lse_log2, d_row,
-                                                     dq_accum, scale_log2)
-                   : launch_dk_dv<T, kHeadDim, false>(args, stream, seqlen_q_pad, lse_log2, d_row,
-                                                      dq_accum, scale_log2);
-  else
-    status = launch_dk_dv<T, kHeadDim, false>(args, stream, seqlen_q_pad, lse_log2, d_row, dq_accum,
-                                              scale_log2);
-  if (status != FA_OK) return status;
-  if (args.deterministic)
-    status = launch_dq<T, kHeadDim>(args, stream, seqlen_q_pad, lse_log2, d_row, scale_log2);
-  return status;
+  if constexpr (kHasLargeBwdShape<kHeadDim>) {
+    if (optin >= BwdTraits<kHeadDim, true>::kSmemBytes)
+      return launch_dk_dv<T, kHeadDim, true>(args, stream, seqlen_q_pad, lse_log2, d_row, dq_accum,
+                                             dq_counters, scale_log2);
+  }
+  return launch_dk_dv<T, kHeadDim, false>(args, stream, seqlen_q_pad, lse_log2, d_row, dq_accum,
+                                          dq_counters, scale_log2);
 }
 
 /// Backward pass for one dtype and head dimension: allocates the scratch in stream order
-/// (dq_accum unless deterministic, lse in base 2, D), runs the kernels, frees the scratch.
+/// (dq_accum, lse in base 2, D and, in deterministic mode, the dQ counters), runs the kernels,
+/// frees the scratch.
 template <typename T, int kHeadDim>
 fa_status launch_backward(const fa_bwd_args& args, cudaStream_t stream) {
   const fa_fwd_args& f = args.fwd;
   const int seqlen_q_pad = (f.seqlen_q + kRowPad - 1) / kRowPad * kRowPad;
-  const size_t stat_floats = static_cast<size_t>(f.batch) * f.heads * seqlen_q_pad;
-  const size_t dq_floats =
-      args.deterministic ? 0 : static_cast<size_t>(f.batch) * f.heads * seqlen_q_pad * kHeadDim;
-  const size_t bytes = (dq_floats + 2 * stat_floats) * sizeof(float);
+  const size_t rows = static_cast<size_t>(f.batch) * f.heads * seqlen_q_pad;
+  const size_t counters = args.deterministic ? rows : 0;
+  const size_t bytes = (rows * kHeadDim + 2 * rows) * sizeof(float) + counters * sizeof(int);
   float* scratch = nullptr;
   const cudaError_t alloc = cudaMallocAsync(&scratch, bytes, stream);
   if (alloc == cudaErrorMemoryAllocation) {
     cudaGetLastError();  // not sticky: clear it
     return fa::set_error(FA_ERR_OUT_OF_MEMORY,
                          "07_backward: no device memory for %.1f MiB of scratch "
-                         "(dq_accum, lse, D)",
-                         bytes / 1048576.0);
+                         "(dq_accum, lse, D%s)",
+                         bytes / 1048576.0, args.deterministic ? ", dQ counters" : "");
   }
   FA_CUDA_TRY(alloc);
-  float* const dq_accum = args.deterministic ? nullptr : scratch;
-  float* const lse_log2 = scratch + dq_floats;
-  float* const d_row = lse_log2 + stat_floats;
-  const fa_status status =
-      launch_backward_kernels<T, kHeadDim>(args, stream, seqlen_q_pad, lse_log2, d_row, dq_accum);
+  float* const dq_accum = scratch;
+  float* const lse_log2 = dq_accum + rows * kHeadDim;
+  float* const d_row = lse_log2 + rows;
+  int* const dq_counters = args.deterministic ? reinterpret_cast<int*>(d_row + rows) : nullptr;
+  const fa_status status = launch_backward_kernels<T, kHeadDim>(
+      args, stream, seqlen_q_pad, lse_log2, d_row, dq_accum, dq_counters);
   const cudaError_t freed = cudaFreeAsync(scratch, stream);  // after the kernels, in order
   if (status != FA_OK) return status;
   FA_CUDA_TRY(freed);

@@ -99,7 +99,7 @@ typedef struct {
   fa_tensor dq;       ///< [B, N_q, H, d], written
   fa_tensor dk;       ///< [B, N_k, H_kv, d], written (summed over the heads of a group)
   fa_tensor dv;       ///< [B, N_k, H_kv, d], written
-  int deterministic;  ///< 1: results independent of thread block order (no float atomics)
+  int deterministic;  ///< 1: results independent of thread block order (the same bits every run)
 } fa_bwd_args;
 
 /// Opaque CUDA stream (a cudaStream_t); NULL is the default stream.

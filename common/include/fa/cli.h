@@ -21,7 +21,7 @@ struct RunnerOptions {
   bool check = true;           ///< compare with the fp64 oracle before timing
   int check_rows = 256;        ///< query rows (and key rows) sampled for the check
   bool backward = false;       ///< run the backward pass (after a forward)
-  bool deterministic = false;  ///< backward without float atomics
+  bool deterministic = false;  ///< backward with the same bits every run
   bool ceilings = true;        ///< measure the two ceilings first
   std::string out;             ///< write the result to this .csv or .json file
   bool help = false;           ///< print the usage and exit

@@ -233,7 +233,7 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: Optional[floa
       ``N_q == N_k`` it is SDPA's ``is_causal``). ``scale`` defaults to ``1 / sqrt(d)``.
     - ``step``: the forward (default ``06_causal_skip``); ``backward_step``: the backward
       (default: ``step``'s own if it has one, else ``07_backward``); ``deterministic``: a
-      backward without float atomics.
+      backward with the same bits every run.
 
     Returns the output in the layout of ``q``. Runs on PyTorch's current stream and on the
     tensors' device. Errors are the :class:`FlashStepsError` subclasses of the C API.

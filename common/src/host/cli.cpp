@@ -176,7 +176,7 @@ std::string run_flags_usage(const Options& d) {
                 "  --repeats N        timed runs, median reported (%d)\n"
                 "  --no-check         skip the oracle checks\n"
                 "  --check-rows N     rows sampled per check (%d)\n"
-                "  --deterministic    backward without float atomics\n"
+                "  --deterministic    backward with the same bits every run\n"
                 "  --out FILE         also write the results as .csv or .json\n",
                 d.warmup, d.repeats, d.check_rows);
   return text;

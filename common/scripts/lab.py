@@ -708,7 +708,7 @@ def report_lines(lab, args):
             if t["quantities"]:
                 lines.append("  wrong:   " + ", ".join(
                     f"{q} (in {n} test{'s' if n > 1 else ''})" for q, n in t["quantities"].items())
-                    + "; lse is the logsumexp L")
+                    + ("; lse is the logsumexp L" if "lse" in t["quantities"] else ""))
             lines.append(f"  all messages: {rel(lab['out'] / 'tests.log')}")
 
     s = lab.get("speed")
@@ -746,7 +746,7 @@ def report_lines(lab, args):
                 lines.append(f"  -> FAIL: the idea is missing: yours gains {s['lab_gain']:.2f}x "
                              f"over {s['baseline']} where {s['reference']} gains "
                              f"{s['ref_gain']:.2f}x"
-                             + (f" ({s['idea']})" if s.get("idea") else ""))
+                             + (f". The idea: {s['idea']}" if s.get("idea") else ""))
         else:
             lines.append(f"  -> not graded: {s['note']}")
     lines.append("")
@@ -809,10 +809,12 @@ def cmd_grade(args):
             print("  " + line)
         return 1
     test_steps = registered_steps(test_bin)
+    with_backward = {ref: has_backward_tests(test_bin, ref) for ref in
+                     {lab["reference"] for lab in labs} if ref in test_steps}
     for lab in labs:
         d = defs.get(lab["target"], {})
-        lab["needs_backward"] = d.get("speed", {}).get("direction") == "bwd" or (
-            lab["reference"] in test_steps and has_backward_tests(test_bin, lab["reference"]))
+        lab["needs_backward"] = (d.get("speed", {}).get("direction") == "bwd"
+                                 or with_backward.get(lab["reference"], False))
 
     # 2. Correctness: the conformance suite and the random problems, each lab on its own.
     print(f"grade: conformance suite{' (quick)' if args.quick else ''} and {args.problems} "

@@ -302,6 +302,86 @@ class LabHostTests(unittest.TestCase):
                 self.assertIsNotNone(got, f"{step}: no recorded figure at its shapes")
                 self.assertGreater(got[0], 1.10, step)
 
+    def test_grade_flow_with_fake_tools(self):
+        """lab.py grade from end to end on stand-ins for nvidia-smi, cmake, the GPU test
+        program and the timer: an unchanged lab fails the speed check, the reference passes,
+        a bug fails naming its quantity, and the summary JSON says so."""
+        tmp = self.tmp / "fake"
+        bindir, build = tmp / "path", tmp / "build"
+        (build / "bin").mkdir(parents=True)
+        bindir.mkdir()
+
+        def tool(path, body):
+            path.write_text(f"#!{sys.executable}\nimport json, sys\nargs = sys.argv[1:]\n{body}")
+            path.chmod(0o755)
+
+        tool(bindir / "nvidia-smi", "print('GPU 0: Fake GPU (UUID: x)')\n")
+        tool(bindir / "cmake", "sys.exit(0)\n")
+        steps = ["05_split_q", "06_causal_skip", "u06", "r06", "b06"]
+        failure = ("B=1 H=3/1 Nq=257 Nk=257 d=64 fp16 causal seed 4: FAIL (O out of bounds: "
+                   "max|out-ref| 3.1e-01 (bound 3.9e-03)  rel_l2 2.0e-01 (bound 9.8e-04) at "
+                   "O[batch 0, head 2, row 256, col 7] = 0.12 (expected 0.43))")
+        tool(build / "bin" / "fa_gpu_tests", f"""
+flt = [a for a in args if a.startswith('--gtest_filter=')][0]
+if '--gtest_list_tests' in args:
+    if 'EdgeCases' in flt:
+        print('Steps/EdgeCases.')
+        for s in {steps!r}:
+            print('  SeqlenKOne/' + s)
+    sys.exit(0)
+out = [a for a in args if a.startswith('--gtest_output=json:')][0].split(':', 1)[1]
+name = flt.split('=')[1].split(':')[0][2:]
+case = {{'name': 'MatchesOracleOnAllRows/' + name + '_fp16_d64_causal_odd_mqa', 'result': 'COMPLETED'}}
+if name.startswith('b'):
+    case['failures'] = [{{'failure': {failure!r}}}]
+json.dump({{'testsuites': [{{'name': 'Steps/ForwardConformance', 'testsuite': [case]}}]}},
+          open(out, 'w'))
+""")
+        tool(build / "bin" / "fa_lab_timing", """
+ms = {'05_split_q': 2.0, '06_causal_skip': 1.0, 'u06': 2.02, 'r06': 0.99}
+val = lambda f: args[args.index(f) + 1]
+shapes = [args[i + 1] for i, a in enumerate(args) if a == '--shape']
+rows = []
+for s in shapes:
+    b, h, hkv, nq, nk, d, c = (int(v) for v in s.split(','))
+    for rnd in range(int(val('--rounds'))):
+        for step in val('--steps').split(','):
+            rows.append({'step': step, 'direction': val('--direction'), 'batch': b, 'heads': h,
+                         'heads_kv': hkv, 'seqlen_q': nq, 'seqlen_k': nk, 'head_dim': d,
+                         'causal': bool(c), 'median_ms': ms[step] * (1 + 0.01 * rnd),
+                         'checked': rnd == 0, 'passed': True, 'error': ''})
+json.dump({'gpu': {'name': 'Fake GPU'}, 'results': rows}, open(val('--out'), 'w'))
+""")
+        dirs = []
+        for name, variant in (("u06", "student"), ("r06", "reference"), ("b06", "bug:x")):
+            d = tmp / "labs" / name
+            d.mkdir(parents=True)
+            (d / "CMakeLists.txt").write_text(f"fa_add_step({name})\n")
+            (d / "lab.json").write_text(json.dumps({"name": name, "target": "06_causal_skip",
+                                                    "source": "05_split_q", "variant": variant}))
+            dirs.append(str(d))
+        (build / "CMakeCache.txt").write_text(f"FA_LAB_DIRS:STRING={';'.join(dirs)}\n")
+        env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
+        summary = tmp / "grades.json"
+        proc = subprocess.run([sys.executable, str(LAB), "grade", "u06", "r06", "b06", "--build",
+                               str(build), "--out", str(tmp / "out"), "--json", str(summary)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        if os.environ.get("FA_LAB_TEST_VERBOSE"):
+            print(proc.stdout)
+        self.assertEqual(proc.returncode, 1, proc.stdout)
+        got = {e["name"]: e for e in json.loads(summary.read_text())}
+        self.assertEqual({n: e["result"] for n, e in got.items()},
+                         {"u06": "FAIL", "r06": "PASS", "b06": "FAIL"}, proc.stdout)
+        self.assertTrue(got["u06"]["correct"])
+        self.assertFalse(got["u06"]["speed"]["passed"])
+        self.assertAlmostEqual(got["u06"]["speed"]["ref_gain"], 2.0, places=2)
+        self.assertTrue(got["r06"]["speed"]["passed"])
+        self.assertEqual(got["b06"]["first_failure"]["quantity"], "O")
+        self.assertEqual(got["b06"]["quantities"], {"O": 1})
+        self.assertIn("the idea is missing", proc.stdout)
+        self.assertIn("where:   O[batch 0, head 2, row 256, col 7]", proc.stdout)
+        self.assertIn("Speed: not measured: correctness first", proc.stdout)
+
     def test_docs_filter(self):
         flt = load_module(ROOT / "docs" / "doc_filter.py", "doc_filter")
         root = self.tmp / "tree"

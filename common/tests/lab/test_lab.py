@@ -518,6 +518,7 @@ class LabGpuTests(unittest.TestCase):
                           "--fail-fast", "--jobs", "8", "--rounds", "3", "--repeats", "3",
                           "--warmup", "1", "--out", self.tmp / "grades", "--json", summary)
         print(out[-20000:])
+        self.assertTrue(summary.exists(), f"lab.py grade wrote no results (status {status})")
         results = {e["name"]: e for e in json.loads(summary.read_text())}
         t_grade = time.time() - t0 - t_build
 

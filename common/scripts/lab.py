@@ -241,12 +241,6 @@ def cmd_start(args):
     if args.reference and args.bug:
         raise LabError("--reference and --bug exclude each other")
     variant = "reference" if args.reference else f"bug:{args.bug}" if args.bug else "student"
-    copied = target if variant != "student" else source
-    copied_dir = ROOT / copied
-    if not (copied_dir / "kernel.cu").exists():
-        what = "the reference" if copied == target else f"the lab for {target} starts from {copied}, which"
-        raise LabError(f"{what} is not in this repository ({rel(copied_dir / 'kernel.cu')} is "
-                       "missing)")
     bug = None
     if args.bug:
         bugs = {b["name"]: b for b in load_bugs(target)}
@@ -254,6 +248,12 @@ def cmd_start(args):
             raise LabError(f"no planted bug '{args.bug}' for {target} (bugs: "
                            f"{', '.join(bugs) or 'none; they live in the instructor folder'})")
         bug = bugs[args.bug]
+    copied = target if variant != "student" else source
+    copied_dir = ROOT / copied
+    if not (copied_dir / "kernel.cu").exists():
+        what = "the reference" if copied == target else f"the lab for {target} starts from {copied}, which"
+        raise LabError(f"{what} is not in this repository ({rel(copied_dir / 'kernel.cu')} is "
+                       "missing)")
     default = {"student": f"lab_{target}", "reference": f"ref_{target}"}.get(
         variant, f"bug_{target[:2]}_{args.bug}")
     name = args.name or default

@@ -317,7 +317,12 @@ class LabHostTests(unittest.TestCase):
 
         tool(bindir / "nvidia-smi", "print('GPU 0: Fake GPU (UUID: x)')\n")
         tool(bindir / "cmake", "sys.exit(0)\n")
-        steps = ["05_split_q", "06_causal_skip", "u06", "r06", "b06"]
+        m = self.m
+        defs = m.lab_defs()  # a forward lab of this tree (a pack has fewer)
+        target = [s for s in sorted(defs) if defs[s]["speed"].get("direction", "fwd") == "fwd"][-1]
+        base = m.lab_defs()[target]["speed"].get("baseline") or m.parent_of(target,
+                                                                             m.known_steps())
+        steps = [base, target, "u06", "r06", "b06"]
         failure = ("B=1 H=3/1 Nq=257 Nk=257 d=64 fp16 causal seed 4: FAIL (O out of bounds: "
                    "max|out-ref| 3.1e-01 (bound 3.9e-03)  rel_l2 2.0e-01 (bound 9.8e-04) at "
                    "O[batch 0, head 2, row 256, col 7] = 0.12 (expected 0.43))")
@@ -337,8 +342,8 @@ if name.startswith('b'):
 json.dump({{'testsuites': [{{'name': 'Steps/ForwardConformance', 'testsuite': [case]}}]}},
           open(out, 'w'))
 """)
-        tool(build / "bin" / "fa_lab_timing", """
-ms = {'05_split_q': 2.0, '06_causal_skip': 1.0, 'u06': 2.02, 'r06': 0.99}
+        tool(build / "bin" / "fa_lab_timing", f"ms = {{{base!r}: 2.0, {target!r}: 1.0}}\n" + """
+ms.update({'u06': 2.02, 'r06': 0.99})
 val = lambda f: args[args.index(f) + 1]
 shapes = [args[i + 1] for i, a in enumerate(args) if a == '--shape']
 rows = []
@@ -357,8 +362,8 @@ json.dump({'gpu': {'name': 'Fake GPU'}, 'results': rows}, open(val('--out'), 'w'
             d = tmp / "labs" / name
             d.mkdir(parents=True)
             (d / "CMakeLists.txt").write_text(f"fa_add_step({name})\n")
-            (d / "lab.json").write_text(json.dumps({"name": name, "target": "06_causal_skip",
-                                                    "source": "05_split_q", "variant": variant}))
+            (d / "lab.json").write_text(json.dumps({"name": name, "target": target,
+                                                    "source": base, "variant": variant}))
             dirs.append(str(d))
         (build / "CMakeCache.txt").write_text(f"FA_LAB_DIRS:STRING={';'.join(dirs)}\n")
         env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")

@@ -996,7 +996,9 @@ def cmd_pack(args):
             raise LabError(f"no lab is defined for {targets[0]} (common/labs/{targets[0]}.json)")
     out = Path(args.out).resolve()
     for target in targets:
-        dest = out / target if args.upto == "all" else out
+        # Not OUT/<step>: Doxygen resolves a page's ../<step>/README.md link against its working
+        # folder (the pack) first, and would find the sibling pack of that name.
+        dest = out / f"pack_{target}" if args.upto == "all" else out
         removed, labs, count = write_pack(target, dest, args.force or args.upto == "all",
                                           not args.no_git)
         print(f"pack: {rel(dest)}: {count} files, labs {', '.join(s[:2] for s in labs)}; left "
@@ -1106,7 +1108,7 @@ def main(argv=None):
     p = sub.add_parser("pack", help="write a course pack that stops before a step")
     p.add_argument("--upto", required=True,
                    help="the first step left out, e.g. 05_split_q (its lab is the last one "
-                        "handed out); 'all': one pack per lab, in OUT/<step>")
+                        "handed out); 'all': one pack per lab, in OUT/pack_<step>")
     p.add_argument("--out", required=True, help="folder to write (must be empty, see --force)")
     p.add_argument("--force", action="store_true", help="replace OUT")
     p.add_argument("--no-git", action="store_true", help="do not make it a git repository")

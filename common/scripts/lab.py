@@ -251,7 +251,8 @@ def cmd_start(args):
     copied = target if variant != "student" else source
     copied_dir = ROOT / copied
     if not (copied_dir / "kernel.cu").exists():
-        what = "the reference" if copied == target else f"the lab for {target} starts from {copied}, which"
+        what = ("the reference" if copied == target
+                else f"the lab for {target} starts from {copied}, which")
         raise LabError(f"{what} is not in this repository ({rel(copied_dir / 'kernel.cu')} is "
                        "missing)")
     default = {"student": f"lab_{target}", "reference": f"ref_{target}"}.get(
@@ -673,7 +674,8 @@ def report_lines(lab, args):
         lines.append(f"Correctness: {t.get('error', 'not run')}")
     else:
         lines.append("Correctness (fp64 oracle, bounds of fa::tolerance)"
-                     + (" -- quick: fp16 matrix, no LongSequences/LargestGrid" if args.quick else "")
+                     + (" -- quick: fp16 matrix, no LongSequences/LargestGrid"
+                        if args.quick else "")
                      + (" -- stopped at the first failure" if args.fail_fast else "") + ":")
         for group in ("forward matrix", "backward matrix", "edge cases"):
             if group in t["groups"]:
@@ -1061,7 +1063,8 @@ def cmd_remove(args):
     configure(build, kept, [])
     if args.delete:
         if not (lab_dir / META).exists():
-            raise LabError(f"{rel(lab_dir)} has no {META}: not deleting a folder lab.py did not make")
+            raise LabError(f"{rel(lab_dir)} has no {META}: not deleting a folder lab.py did "
+                           "not make")
         shutil.rmtree(lab_dir)
         print(f"lab {args.name}: unregistered and deleted")
     else:
@@ -1096,11 +1099,14 @@ def main(argv=None):
                    help="correctness only (the result says so)")
     p.add_argument("--quick", action="store_true",
                    help="fp16 matrix only, without the two largest edge cases")
-    p.add_argument("--fail-fast", action="store_true", help="stop a lab's tests at its first failure")
+    p.add_argument("--fail-fast", action="store_true",
+                   help="stop a lab's tests at its first failure")
     p.add_argument("--jobs", type=int, default=4, help="labs tested side by side (default 4)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per step and round (default 5)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs per step and round (default 2)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed runs per step and round (default 5)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed runs per step and round (default 2)")
     p.add_argument("--out", help="folder for the logs and reports (default <lab>/grade)")
     p.add_argument("--json", help="also write every lab's result to this JSON file")
     p.set_defaults(func=cmd_grade)

@@ -100,7 +100,8 @@ def main():
         for dr in dirs:
             base = speed.get("baseline") or parent if dr == direction else parent
             out += [f"**Bench, {dr}** (ms, and TFLOP/s in brackets):", "",
-                    f"| d | causal | N (B) | {base} | {target} | gain |", "|---|---|---|---|---|---|"]
+                    f"| d | causal | N (B) | {base} | {target} | gain |",
+                    "|---|---|---|---|---|---|"]
             keys = sorted({(r["head_dim"], r["causal"], r["seqlen_q"], r["batch"]) for r in rows
                            if r["direction"] == dr and r["step"] in (base, target)})
             for dd, causal, n, b in keys:
@@ -124,8 +125,10 @@ def main():
         traffic = [r for r in traffic if r]
         if traffic and io_doc:
             shape = io_doc.get("shape", {})
+            if isinstance(shape, dict):
+                shape = " ".join(f"{k}={v}" for k, v in shape.items())
             out += [f"**Device-memory traffic** (Nsight Compute, one pass, "
-                    f"{' '.join(f'{k}={v}' for k, v in shape.items()) if isinstance(shape, dict) else shape}; "
+                    f"{shape}; "
                     "MB = 10^6 bytes; the model charges every tile load to DRAM, the L2 cache "
                     "serves many of them):", "",
                     "| step | pass | read MB | write MB | model | model read MB | model write MB |",

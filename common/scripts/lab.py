@@ -128,6 +128,16 @@ def step_present(step, root=ROOT):
     return (root / step / "kernel.cu").exists()
 
 
+def step_arch(step, root=ROOT):
+    """The ARCH of a step's fa_add_step() call (e.g. '90a' for the Hopper steps), or None: a
+    lab for that step is built for the same architecture."""
+    path = root / step / "CMakeLists.txt"
+    if not path.exists():
+        return None
+    m = re.search(r"fa_add_step\(\s*\S+\s+ARCH\s+(\w+)", path.read_text())
+    return m.group(1) if m else None
+
+
 def load_bugs(step, root=ROOT):
     """The planted bugs of the lab for `step` (instructor folder), [] if it has none."""
     path = root / "common" / "labs" / "instructor" / "bugs" / f"{step}.json"
@@ -292,13 +302,14 @@ def cmd_start(args):
         kernel = lab_dir / bug.get("file", "kernel.cu")
         kernel.write_text(plant(kernel.read_text(), bug, f"{target}/{kernel.name}"))
     handout = f"docs/lab_{target[:2]}.md"
+    arch = step_arch(target)
     what = {"student": f"your {target}, started from a copy of {source}",
             "reference": f"a copy of the reference {target} (instructor check: it must pass)"}.get(
         variant, f"the reference {target} with the planted bug '{args.bug}' (it must fail)")
     (lab_dir / "CMakeLists.txt").write_text(
         f"# Course lab {name}: {what}.\n"
         f"# Created by common/scripts/lab.py (handout: {handout}); registered like a step.\n"
-        f"fa_add_step({name})\n")
+        f"fa_add_step({name}{' ARCH ' + arch if arch else ''})\n")
     meta = {"name": name, "target": target, "source": source, "variant": variant,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "repository": str(ROOT)}
@@ -420,6 +431,8 @@ def summarize_tests(report):
                 group = "forward matrix"
             elif "BackwardConformance" in sname:
                 group = "backward matrix"
+            elif sname.startswith("Decode/"):
+                group = "decode"
             elif "RandomConformance" in sname:
                 group = "random " + ("backward" if case["name"].endswith("_bwd") else "forward")
             else:
@@ -677,7 +690,7 @@ def report_lines(lab, args):
                      + (" -- quick: fp16 matrix, no LongSequences/LargestGrid"
                         if args.quick else "")
                      + (" -- stopped at the first failure" if args.fail_fast else "") + ":")
-        for group in ("forward matrix", "backward matrix", "edge cases"):
+        for group in ("forward matrix", "backward matrix", "decode", "edge cases"):
             if group in t["groups"]:
                 p, f, s = t["groups"][group]
                 lines.append(f"  {group:16s} {p:4d} passed {f:4d} failed"
@@ -1017,10 +1030,13 @@ def cmd_pack(args):
 
 
 def check_bugs(root=ROOT):
-    """Every planted bug applies to the current reference code. Returns [(step, bug, problem)]."""
+    """Every planted bug applies to the current reference code. Returns [(step, bug, problem)].
+    The bugs of a step that is not in the tree (yet) are not checked."""
     problems = []
     for path in sorted((root / "common" / "labs" / "instructor" / "bugs").glob("*.json")):
         step = path.stem
+        if not step_present(step, root):
+            continue
         for bug in load_bugs(step, root):
             kernel = root / step / bug.get("file", "kernel.cu")
             if not kernel.exists():

@@ -99,9 +99,7 @@ def main():
         dirs = ["fwd", "bwd"] if direction == "bwd" else ["fwd"]
         for dr in dirs:
             base = speed.get("baseline") or parent if dr == direction else parent
-            out += [f"**Bench, {dr}** (ms, and TFLOP/s in brackets):", "",
-                    f"| d | causal | N (B) | {base} | {target} | gain |",
-                    "|---|---|---|---|---|---|"]
+            table = []
             keys = sorted({(r["head_dim"], r["causal"], r["seqlen_q"], r["batch"]) for r in rows
                            if r["direction"] == dr and r["step"] in (base, target)})
             for dd, causal, n, b in keys:
@@ -114,11 +112,14 @@ def main():
                 if base not in cell or target not in cell:
                     continue
                 a, c = cell[base], cell[target]
-                out.append(f"| {dd} | {'yes' if causal else 'no'} | {n} ({b}) | "
-                           f"{a['median_ms']:.3f} ({a['tflops']:.0f}) | "
-                           f"{c['median_ms']:.3f} ({c['tflops']:.0f}) | "
-                           f"{a['median_ms'] / c['median_ms']:.2f}x |")
-            out.append("")
+                table.append(f"| {dd} | {'yes' if causal else 'no'} | {n} ({b}) | "
+                             f"{a['median_ms']:.3f} ({a['tflops']:.0f}) | "
+                             f"{c['median_ms']:.3f} ({c['tflops']:.0f}) | "
+                             f"{a['median_ms'] / c['median_ms']:.2f}x |")
+            if table:
+                out += [f"**Bench, {dr}** (ms, and TFLOP/s in brackets):", "",
+                        f"| d | causal | N (B) | {base} | {target} | gain |",
+                        "|---|---|---|---|---|---|"] + table + [""]
         traffic = [io.get((parent, "fwd")), io.get((target, "fwd"))]
         if direction == "bwd":
             traffic += [io.get((speed.get("baseline") or parent, "bwd")), io.get((target, "bwd"))]

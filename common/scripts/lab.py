@@ -4,7 +4,8 @@
     lab.py start 05_split_q [--name NAME] [--dir labs] [--build build] [-- CMAKE_ARGS...]
     lab.py grade NAME [NAME...] [--quick] [--problems 200] [--no-speed] [--jobs N]
     lab.py pack --upto 05_split_q --out DIR [--check]      (or --upto all)
-    lab.py list | remove NAME [--delete] | bugs [--check]
+    lab.py bugs                    (instructors: the planted bugs, checked against the steps)
+    lab.py list | remove NAME [--delete]
 
 `start` copies the step the lab starts from (04_deferred_rescale for 05_split_q; the steps after
 07 branch: 08 and 09 start from 06, 10 from 09) into a folder outside the tracked tree (default

@@ -4,49 +4,52 @@
     python3 common/tests/lab/test_lab.py LabHostTests -v   # no GPU needed (ctest host.lab)
     python3 common/tests/lab/test_lab.py LabGpuTests -v    # needs a GPU (ctest gpu.lab)
 
+LabHostTests: `start` (copies, names, registration), the planted bugs still apply to the
+reference code, every step has a lab, the speed check's arithmetic, the report's parsing, the
+docs filter and a course pack's contents. LabGpuTests grades, in one build and one `grade`
+run, every lab three ways: left unchanged (it must fail: the idea is missing), the reference
+copied in (it must pass) and every planted bug (it must fail, naming the expected quantity).
+
 Every lab and build folder lives in a temporary directory; the repository's labs/ and build/
-are not touched. FA_LAB_TEST_CUDA_ARCH (e.g. 80) is the CUDA architecture the test builds for
-(default: CMake's choice for this machine).
+are not touched. FA_LAB_TEST_CUDA_ARCH (e.g. 90) is the CUDA architecture the GPU test builds
+for (default: CMake's choice for this machine); FA_LAB_TEST_KEEP=1 keeps its folder.
 """
 
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 LAB = ROOT / "common" / "scripts" / "lab.py"
-
-# The planted bug: 01_naive's softmax forgets to subtract the row maximum in the row sum, so
-# P is off by exp(-row_max) and L by row_max (the "missing rescale" of the standard softmax).
-BUG_FILE = "kernel.cu"
-BUG_FROM = "row_sum += __expf(s_row[j] - row_max);"
-BUG_TO = "row_sum += __expf(s_row[j]);"
+IS_PACK = (ROOT / "common" / "labs" / "pack.json").exists()
 
 
-def load_lab_module():
-    spec = importlib.util.spec_from_file_location("lab", LAB)
+def load_module(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def cmake_args():
-    args = ["-DFA_ONLY_STEPS=01_naive", "-DFA_BUILD_DOCS=OFF"]
+def cmake_args(only="01_naive"):
+    args = [f"-DFA_ONLY_STEPS={only}", "-DFA_BUILD_DOCS=OFF"]
     arch = os.environ.get("FA_LAB_TEST_CUDA_ARCH")
     if arch:
         args.append(f"-DCMAKE_CUDA_ARCHITECTURES={arch}")
     return args
 
 
-def lab(*args, cwd=None):
+def lab(*args, cwd=None, script=LAB):
     """Runs lab.py; returns (status, stdout + stderr)."""
-    proc = subprocess.run([sys.executable, str(LAB), *[str(a) for a in args]], cwd=cwd,
+    proc = subprocess.run([sys.executable, str(script), *[str(a) for a in args]], cwd=cwd,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc.returncode, proc.stdout
 
@@ -60,13 +63,14 @@ def gpu_present():
 
 
 class LabHostTests(unittest.TestCase):
-    """lab.py start, its checks, and the report's parsing; configures but builds nothing."""
+    """lab.py start, its checks, bugs, the speed arithmetic, packs; builds nothing."""
 
     @classmethod
     def setUpClass(cls):
         cls.tmp = Path(tempfile.mkdtemp(prefix="fa_lab_host_"))
         cls.labs = cls.tmp / "labs"
         cls.build = cls.tmp / "build"
+        cls.m = load_module(LAB, "lab")
 
     @classmethod
     def tearDownClass(cls):
@@ -84,7 +88,8 @@ class LabHostTests(unittest.TestCase):
         self.assertEqual((lab_dir / "kernel.cu").read_bytes(),
                          (ROOT / "01_naive" / "kernel.cu").read_bytes())
         self.assertIn("fa_add_step(lab_02_tiled_fa1)", (lab_dir / "CMakeLists.txt").read_text())
-        self.assertEqual(json.loads((lab_dir / "lab.json").read_text())["source"], "01_naive")
+        meta = json.loads((lab_dir / "lab.json").read_text())
+        self.assertEqual((meta["source"], meta["variant"]), ("01_naive", "student"))
         self.assertFalse(list(lab_dir.glob("*.md")), "the lesson (README) is not copied")
         cache = (self.build / "CMakeCache.txt").read_text()
         self.assertRegex(cache, r"FA_LAB_DIRS:STRING=.*lab_02_tiled_fa1")
@@ -113,6 +118,8 @@ class LabHostTests(unittest.TestCase):
             (("02", "--name", "fa_mine"), "taken"),
             (("02", "--name", "lab_02_tiled_fa1"), "already exists"),
             (("02", "--name", "second_try"), "prefix"),
+            (("02", "--bug", "no_such_bug"), "no planted bug"),
+            (("02", "--reference", "--bug", "x"), "exclude each other"),
         ]
         for args, needle in cases:
             status, out = self.start(*args)
@@ -129,7 +136,7 @@ class LabHostTests(unittest.TestCase):
         self.assertIn("no CUDA GPU", out)
 
     def test_5_report_points_at_the_error(self):
-        m = load_lab_module()
+        m = self.m
         failure = ("/src/common/tests/gpu/test_conformance.cpp:95\nValue of: r.ok\n  Actual: false\n"
                    "Expected: true\nB=1 H=3/1 Nq=257 Nk=257 d=64 fp16 causal seed 42: FAIL  O max|err| "
                    "3.1e-01 rel 2.0e-01  lse max|err| 1.2e+00 rel 3.0e-01  (O out of bounds: "
@@ -174,13 +181,297 @@ class LabHostTests(unittest.TestCase):
         self.assertEqual(random_rows, [("random forward", 200, 1, "5", 0)])
         self.assertEqual(failures[0][0],
                          "Steps/ForwardConformance.MatchesOracleOnAllRows/x_fp16_d64_causal_odd_mqa")
+        self.assertEqual(m.failing_quantities(failures), {"O": 1, "lse": 1, "dQ": 1})
         self.assertEqual(m.test_filter("x"), "*/x:*/x_fp16_*:*/x_bf16_*:*/x_fwd:*/x_bwd")
         self.assertEqual(m.test_filter("x", quick=True),
                          "*/x:*/x_fp16_*:*/x_fwd:*/x_bwd-*LongSequences*:*LargestGrid*")
 
+    def test_6_every_step_has_a_lab_and_the_parents_branch(self):
+        m = self.m
+        defs = m.lab_defs()
+        steps = m.known_steps()
+        for step in steps[1:]:
+            if not m.step_present(step) and not IS_PACK:
+                continue
+            self.assertIn(step, defs, f"{step} has no lab: write common/labs/{step}.json")
+            self.assertTrue((ROOT / "docs" / f"lab_{step[:2]}.md").exists(),
+                            f"{step} has no handout docs/lab_{step[:2]}.md")
+        for step, d in defs.items():
+            speed = d["speed"]
+            self.assertIn(speed.get("direction", "fwd"), ("fwd", "bwd"), step)
+            self.assertTrue(speed["shapes"] and speed.get("why"), step)
+            for s in speed["shapes"]:
+                shape = m.parse_shape(s)
+                self.assertTrue(shape["heads"] % shape["heads_kv"] == 0, (step, s))
+            self.assertIn(speed.get("baseline") or m.parent_of(step, steps), steps, step)
+            if not IS_PACK:  # the instructor folder is not in a pack
+                self.assertTrue(m.load_bugs(step), f"{step}: no planted bugs in "
+                                f"common/labs/instructor/bugs/{step}.json")
+        fake = ["01_naive", "02_a", "05_b", "06_causal_skip", "07_backward", "08_split_kv",
+                "09_hopper_wgmma", "10_hopper_pingpong"]
+        self.assertEqual([m.parent_of(s, fake) for s in fake[1:]],
+                         ["01_naive", "02_a", "05_b", "06_causal_skip", "06_causal_skip",
+                          "06_causal_skip", "09_hopper_wgmma"])
+
+    def test_7_planted_bugs_apply_to_the_reference_code(self):
+        if IS_PACK:
+            self.skipTest("course pack: no instructor folder")
+        self.assertEqual(self.m.check_bugs(), [],
+                         "a planted bug's anchor is gone from its reference step (re-cut?): "
+                         "update common/labs/instructor/bugs/<step>.json")
+        for path in sorted((ROOT / "common" / "labs" / "instructor" / "bugs").glob("*.json")):
+            for bug in self.m.load_bugs(path.stem):
+                self.assertRegex(bug["expect"], r"^(speed|(O|lse|dQ|dK|dV)(\|(O|lse|dQ|dK|dV))*)$")
+                self.assertTrue(bug["why"], bug["name"])
+        with self.assertRaisesRegex(self.m.LabError, "occurs 2 times"):
+            self.m.plant("a a", {"name": "x", "edits": [{"find": "a", "replace": "b"}]})
+        with self.assertRaisesRegex(self.m.LabError, "occurs 0 times"):
+            self.m.plant("a", {"name": "x", "edits": [{"find": "c", "replace": "b"}]})
+
+    def test_8_start_reference_and_bug(self):
+        if IS_PACK:
+            self.skipTest("course pack: no reference steps for its labs")
+        status, out = lab("start", "06", "--reference", "--no-configure", "--dir", self.labs,
+                          "--build", self.build)
+        self.assertEqual(status, 0, out)
+        self.assertEqual((self.labs / "ref_06_causal_skip" / "kernel.cu").read_bytes(),
+                         (ROOT / "06_causal_skip" / "kernel.cu").read_bytes())
+        bug = self.m.load_bugs("06_causal_skip")[0]
+        status, out = lab("start", "06", "--bug", bug["name"], "--no-configure", "--dir",
+                          self.labs, "--build", self.build)
+        self.assertEqual(status, 0, out)
+        text = (self.labs / f"bug_06_{bug['name']}" / "kernel.cu").read_text()
+        self.assertIn(bug["edits"][0]["replace"], text)
+        self.assertNotIn(bug["edits"][0]["find"], text)
+        meta = json.loads((self.labs / f"bug_06_{bug['name']}" / "lab.json").read_text())
+        self.assertEqual(meta["variant"], f"bug:{bug['name']}")
+
+    def test_9_speed_check(self):
+        m = self.m
+        shapes = ["4,32,32,4096,4096,64,1", "4,16,16,4096,4096,128,1"]
+        keys = [m.shape_key(m.parse_shape(s)) for s in shapes]
+
+        def table(base, lab, ref, wrong=False):
+            return {k: {"base": {"ms": base, "error": "", "wrong": False},
+                        "lab": {"ms": lab, "error": "", "wrong": wrong},
+                        "ref": {"ms": ref, "error": "", "wrong": False}} for k in keys}
+
+        v = m.speed_verdict(table(2.0, 2.0, 1.0), "lab", "base", "ref", shapes)  # unchanged
+        self.assertTrue(v["graded"])
+        self.assertFalse(v["passed"])
+        self.assertAlmostEqual(v["mark"], 2 ** 0.5)
+        v = m.speed_verdict(table(2.0, 1.02, 1.0), "lab", "base", "ref", shapes)  # the reference
+        self.assertTrue(v["passed"])
+        v = m.speed_verdict(table(2.0, 1.35, 1.0), "lab", "base", "ref", shapes)  # nearer ref
+        self.assertTrue(v["passed"])
+        v = m.speed_verdict(table(2.0, 1.5, 1.0), "lab", "base", "ref", shapes)  # nearer base
+        self.assertFalse(v["passed"])
+        v = m.speed_verdict(table(2.0, 0.5, 1.0, wrong=True), "lab", "base", "ref", shapes)
+        self.assertFalse(v["passed"])
+        self.assertIn("wrong at the timing shape", v["note"])
+        v = m.speed_verdict(table(1.0, 1.0, 0.97), "lab", "base", "ref", shapes)  # no signal
+        self.assertFalse(v["graded"])
+        self.assertIn("cannot tell", v["note"])
+        t = table(2.0, 1.0, 0)  # no reference in this build: the recorded figure stands in
+        v = m.speed_verdict(t, "lab", "base", "ref", shapes, recorded=(2.0, "NVIDIA H200"))
+        self.assertTrue(v["passed"])
+        self.assertIn("H200", v["ref_source"])
+        v = m.speed_verdict(t, "lab", "base", "ref", shapes)
+        self.assertFalse(v["graded"])
+
+        rows = []
+        for rnd, (a, b) in enumerate([(2.0, 1.0), (2.2, 1.1), (1.9, 0.9)]):
+            for step, ms in (("base", a), ("lab", b)):
+                rows.append({"step": step, "batch": 4, "heads": 32, "heads_kv": 32,
+                             "seqlen_q": 4096, "seqlen_k": 4096, "head_dim": 64, "causal": True,
+                             "median_ms": ms, "checked": rnd == 0, "passed": True, "error": ""})
+        agg = m.aggregate_timing(rows)
+        self.assertEqual(agg[keys[0]]["base"]["ms"], 2.0)
+        self.assertEqual(agg[keys[0]]["lab"]["ms"], 1.0)
+        # The recorded figures of the reference GPU (docs/results) cover every lab's shapes
+        # from 02 to 07, so that a course pack can grade without the reference.
+        if not IS_PACK:
+            for step in ("02_tiled_fa1", "03_loop_swap", "04_deferred_rescale", "05_split_q",
+                         "06_causal_skip", "07_backward"):
+                d = m.lab_defs().get(step)
+                if d is None:
+                    continue
+                speed = d["speed"]
+                base = speed.get("baseline") or m.parent_of(step, m.known_steps())
+                got = m.recorded_gain(base, step, speed.get("direction", "fwd"), speed["shapes"])
+                self.assertIsNotNone(got, f"{step}: no recorded figure at its shapes")
+                self.assertGreater(got[0], 1.10, step)
+
+    def test_grade_flow_with_fake_tools(self):
+        """lab.py grade from end to end on stand-ins for nvidia-smi, cmake, the GPU test
+        program and the timer: an unchanged lab fails the speed check, the reference passes,
+        a bug fails naming its quantity, and the summary JSON says so."""
+        tmp = self.tmp / "fake"
+        bindir, build = tmp / "path", tmp / "build"
+        (build / "bin").mkdir(parents=True)
+        bindir.mkdir()
+
+        def tool(path, body):
+            path.write_text(f"#!{sys.executable}\nimport json, sys\nargs = sys.argv[1:]\n{body}")
+            path.chmod(0o755)
+
+        tool(bindir / "nvidia-smi", "print('GPU 0: Fake GPU (UUID: x)')\n")
+        tool(bindir / "cmake", "sys.exit(0)\n")
+        m = self.m
+        defs = m.lab_defs()  # a forward lab of this tree (a pack has fewer)
+        target = [s for s in sorted(defs) if defs[s]["speed"].get("direction", "fwd") == "fwd"][-1]
+        base = m.lab_defs()[target]["speed"].get("baseline") or m.parent_of(target,
+                                                                             m.known_steps())
+        steps = [base, target, "u06", "r06", "b06"]
+        failure = ("B=1 H=3/1 Nq=257 Nk=257 d=64 fp16 causal seed 4: FAIL (O out of bounds: "
+                   "max|out-ref| 3.1e-01 (bound 3.9e-03)  rel_l2 2.0e-01 (bound 9.8e-04) at "
+                   "O[batch 0, head 2, row 256, col 7] = 0.12 (expected 0.43))")
+        tool(build / "bin" / "fa_gpu_tests", f"""
+flt = [a for a in args if a.startswith('--gtest_filter=')][0]
+if '--gtest_list_tests' in args:
+    if 'EdgeCases' in flt:
+        print('Steps/EdgeCases.')
+        for s in {steps!r}:
+            print('  SeqlenKOne/' + s)
+    sys.exit(0)
+out = [a for a in args if a.startswith('--gtest_output=json:')][0].split(':', 1)[1]
+name = flt.split('=')[1].split(':')[0][2:]
+case = {{'name': 'MatchesOracleOnAllRows/' + name + '_fp16_d64_causal_odd_mqa', 'result': 'COMPLETED'}}
+if name.startswith('b'):
+    case['failures'] = [{{'failure': {failure!r}}}]
+json.dump({{'testsuites': [{{'name': 'Steps/ForwardConformance', 'testsuite': [case]}}]}},
+          open(out, 'w'))
+""")
+        tool(build / "bin" / "fa_lab_timing", f"ms = {{{base!r}: 2.0, {target!r}: 1.0}}\n" + """
+ms.update({'u06': 2.02, 'r06': 0.99})
+val = lambda f: args[args.index(f) + 1]
+shapes = [args[i + 1] for i, a in enumerate(args) if a == '--shape']
+rows = []
+for s in shapes:
+    b, h, hkv, nq, nk, d, c = (int(v) for v in s.split(','))
+    for rnd in range(int(val('--rounds'))):
+        for step in val('--steps').split(','):
+            rows.append({'step': step, 'direction': val('--direction'), 'batch': b, 'heads': h,
+                         'heads_kv': hkv, 'seqlen_q': nq, 'seqlen_k': nk, 'head_dim': d,
+                         'causal': bool(c), 'median_ms': ms[step] * (1 + 0.01 * rnd),
+                         'checked': rnd == 0, 'passed': True, 'error': ''})
+json.dump({'gpu': {'name': 'Fake GPU'}, 'results': rows}, open(val('--out'), 'w'))
+""")
+        dirs = []
+        for name, variant in (("u06", "student"), ("r06", "reference"), ("b06", "bug:x")):
+            d = tmp / "labs" / name
+            d.mkdir(parents=True)
+            (d / "CMakeLists.txt").write_text(f"fa_add_step({name})\n")
+            (d / "lab.json").write_text(json.dumps({"name": name, "target": target,
+                                                    "source": base, "variant": variant}))
+            dirs.append(str(d))
+        (build / "CMakeCache.txt").write_text(f"FA_LAB_DIRS:STRING={';'.join(dirs)}\n")
+        env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
+        summary = tmp / "grades.json"
+        proc = subprocess.run([sys.executable, str(LAB), "grade", "u06", "r06", "b06", "--build",
+                               str(build), "--out", str(tmp / "out"), "--json", str(summary)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        if os.environ.get("FA_LAB_TEST_VERBOSE"):
+            print(proc.stdout)
+        self.assertEqual(proc.returncode, 1, proc.stdout)
+        got = {e["name"]: e for e in json.loads(summary.read_text())}
+        self.assertEqual({n: e["result"] for n, e in got.items()},
+                         {"u06": "FAIL", "r06": "PASS", "b06": "FAIL"}, proc.stdout)
+        self.assertTrue(got["u06"]["correct"])
+        self.assertFalse(got["u06"]["speed"]["passed"])
+        self.assertAlmostEqual(got["u06"]["speed"]["ref_gain"], 2.0, places=2)
+        self.assertTrue(got["r06"]["speed"]["passed"])
+        self.assertEqual(got["b06"]["first_failure"]["quantity"], "O")
+        self.assertEqual(got["b06"]["quantities"], {"O": 1})
+        self.assertIn("the idea is missing", proc.stdout)
+        self.assertIn("where:   O[batch 0, head 2, row 256, col 7]", proc.stdout)
+        self.assertIn("Speed: not measured: correctness first", proc.stdout)
+
+    def test_docs_filter(self):
+        flt = load_module(ROOT / "docs" / "doc_filter.py", "doc_filter")
+        root = self.tmp / "tree"
+        for d in ("01_naive", "docs"):
+            (root / d).mkdir(parents=True, exist_ok=True)
+        (root / "01_naive" / "README.md").write_text("# x\n")
+        (root / "docs" / "lab_02.md").write_text("# y\n")
+        page = root / "README.md"
+        text = ("| step | x |\n|---|---|\n"
+                "| [01_naive](01_naive/README.md) | a |\n"
+                "| [02_tiled_fa1](02_tiled_fa1/README.md) | b |\n"
+                "| 03_loop_swap | c |\n"
+                "| @ref lab_02 | d |\n| @ref lab_03 | e |\n"
+                "See @ref step01 and @ref step05, [the lab](docs/lab_04.md), "
+                "[a page](https://example.com/x.md), ![plot](docs/missing.png)\n"
+                "```\n[02](02_tiled_fa1/README.md)\n```\n")
+        out = flt.filter_markdown(text, page, root)
+        self.assertIn("| [01_naive](01_naive/README.md) | a |", out)
+        self.assertNotIn("| [02_tiled_fa1]", out)
+        self.assertNotIn("03_loop_swap", out)
+        self.assertIn("| @ref lab_02 | d |", out)
+        self.assertNotIn("lab_03", out)
+        self.assertIn("See @ref step01 and step 05, the lab, [a page](https://example.com/x.md), \n",
+                      out)
+        self.assertIn("```\n[02](02_tiled_fa1/README.md)\n```", out, "code blocks are left alone")
+        self.assertEqual(flt.filter_markdown(text.replace("02_tiled_fa1", "01_naive"), page,
+                                             root).count("01_naive/README.md"), 3)
+
+    def test_pack(self):
+        if IS_PACK:
+            self.skipTest("course pack: packs are made from the full repository")
+        m = self.m
+        target = "05_split_q"
+        if not m.step_present(target):
+            self.skipTest(f"{target} is not in this tree")
+        out = self.tmp / "pack"
+        status, text = lab("pack", "--upto", "05", "--out", out)
+        self.assertEqual(status, 0, text)
+        for step in m.known_steps():
+            self.assertEqual((out / step).exists(), step < target and m.step_present(step), step)
+        for n in range(2, 11):
+            self.assertEqual((out / "docs" / f"lab_{n:02d}.md").exists(),
+                             n <= 5 and (ROOT / "docs" / f"lab_{n:02d}.md").exists(), n)
+        self.assertFalse((out / "common" / "labs" / "instructor").exists())
+        self.assertFalse((out / "common" / "labs" / "06_causal_skip.json").exists())
+        self.assertTrue((out / "common" / "labs" / "05_split_q.json").exists())
+        self.assertTrue((out / "common" / "labs" / "pack.json").exists())
+        self.assertEqual(m.fa_steps(out), [s for s in m.fa_steps() if s < target])
+        readme = (out / "README.md").read_text()
+        self.assertIn("Course pack", readme)
+        link = re.compile(r"\]\(([^)\s]+)\)")
+        for page in out.rglob("*.md"):  # every link and ref of the pages resolves in the pack
+            if "build" in page.relative_to(out).parts:
+                continue
+            text = page.read_text()
+            for target in link.findall(text):
+                if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                    continue
+                self.assertTrue((page.parent / target.split("#")[0]).exists(), (page, target))
+            for n in range(5, 11):
+                self.assertNotRegex(text, rf"[@\\]ref step{n:02d}\b", page)
+                if n > 5:
+                    self.assertNotRegex(text, rf"[@\\]ref lab_{n:02d}\b", page)
+        self.assertTrue((out / ".git").exists(), "the pack is a git repository")
+        # In the pack, the lab starts from 04 and knows its target; the packs' own lab.py
+        # refuses to make packs.
+        pack_lab = out / "common" / "scripts" / "lab.py"
+        status, text = lab("start", "05", "--no-configure", "--dir", self.tmp / "pack_labs",
+                           "--build", self.tmp / "pack_build", script=pack_lab)
+        self.assertEqual(status, 0, text)
+        self.assertEqual((self.tmp / "pack_labs" / "lab_05_split_q" / "kernel.cu").read_bytes(),
+                         (ROOT / "04_deferred_rescale" / "kernel.cu").read_bytes())
+        status, text = lab("start", "06", "--no-configure", "--dir", self.tmp / "pack_labs",
+                           "--build", self.tmp / "pack_build", script=pack_lab)
+        self.assertEqual(status, 2, text)
+        self.assertIn("unknown step", text)
+        status, text = lab("pack", "--upto", "all", "--out", self.tmp / "x", script=pack_lab)
+        self.assertEqual(status, 0, text)
+        self.assertIn("this is a course pack", text)
+
 
 class LabGpuTests(unittest.TestCase):
-    """A lab left unchanged passes as its source step; a planted bug fails, pointing at it."""
+    """Every lab graded three ways in one build: unchanged (fails), the reference (passes),
+    every planted bug (fails, naming the quantity, or for a bug that only costs speed, the
+    missing gain)."""
 
     def setUp(self):
         if not gpu_present():
@@ -188,38 +479,88 @@ class LabGpuTests(unittest.TestCase):
         self.tmp = Path(tempfile.mkdtemp(prefix="fa_lab_gpu_"))
 
     def tearDown(self):
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if os.environ.get("FA_LAB_TEST_KEEP"):
+            print(f"kept {self.tmp}")
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def test_unchanged_lab_passes_and_planted_bug_fails(self):
+    def test_unchanged_fails_reference_passes_bugs_fail(self):
+        m = load_module(LAB, "lab")
         labs, build = self.tmp / "labs", self.tmp / "build"
-        for name in ("labcopy", "labbug"):
-            status, out = lab("start", "02", "--name", name, "--dir", labs, "--build", build,
-                              "--", *cmake_args())
-            self.assertEqual(status, 0, out)
-        kernel = labs / "labbug" / BUG_FILE
-        text = kernel.read_text()
-        self.assertEqual(text.count(BUG_FROM), 1,
-                         f"the planted bug's line is gone from 01_naive/{BUG_FILE}: update BUG_FROM")
-        kernel.write_text(text.replace(BUG_FROM, BUG_TO))
+        steps = m.known_steps()
+        expected = {}  # lab name -> (target, variant, expectation)
+        t0 = time.time()
+        for target in m.lab_defs():
+            if not (m.step_present(target) and m.step_present(m.parent_of(target, steps))):
+                continue
+            variants = [(f"u{target[:2]}", [], "FAIL: the idea is missing"),
+                        (f"r{target[:2]}", ["--reference"], "PASS")]
+            variants += [(f"b{target[:2]}_{b['name']}", ["--bug", b["name"]], b["expect"])
+                         for b in m.load_bugs(target)]
+            for name, flags, expect in variants:
+                status, out = lab("start", target, "--name", name, *flags, "--no-configure",
+                                  "--dir", labs, "--build", build)
+                self.assertEqual(status, 0, out)
+                expected[name] = (target, "unchanged" if not flags else flags[-1].lstrip("-")
+                                  if flags[0] == "--reference" else f"bug {flags[-1]}", expect)
+        self.assertTrue(expected, "no lab to grade")
 
-        # Unchanged: passes (with a small bench, to run the whole path once).
-        status, out = lab("grade", "labcopy", "--build", build, "--reference", "01_naive",
-                          "--problems", "12", "--quick", "--seqlens", "512", "--head-dims", "64",
-                          "--repeats", "3")
-        print(out)
-        self.assertEqual(status, 0, out)
-        self.assertIn("Result: PASS", out)
-        self.assertRegex(out, r"labcopy is \d+\.\d+x the speed of 01_naive")
+        # One build holds every step and every lab.
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        dirs = ";".join(str(labs / n) for n in expected)
+        args = cmake_args(only="")[1:]
+        for cmd in (["cmake", "-S", ROOT, "-B", build, *gen, "-DCMAKE_BUILD_TYPE=Release",
+                     f"-DFA_LAB_DIRS={dirs}", *args], ["cmake", "--build", build]):
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self.assertEqual(proc.returncode, 0, proc.stdout[-4000:])
+        t_build = time.time() - t0
 
-        # Planted bug: fails, and the report names the quantity and where its largest error is.
-        status, out = lab("grade", "labbug", "--build", build, "--reference", "01_naive",
-                          "--problems", "12", "--quick", "--no-bench")
+        # One grade: quick correctness (fp16 matrix, edge cases, a few random problems, each
+        # lab stopping at its first failure), then the speed check with 3 rounds.
+        summary = self.tmp / "grades.json"
+        status, out = lab("grade", *expected, "--build", build, "--quick", "--problems", "8",
+                          "--fail-fast", "--jobs", "8", "--rounds", "3", "--repeats", "3",
+                          "--warmup", "1", "--out", self.tmp / "grades", "--json", summary)
         print(out)
-        self.assertNotEqual(status, 0, out)
-        self.assertIn("Result: FAIL", out)
-        self.assertIn("First failure:", out)
-        self.assertRegex(out, r"largest error: (O|lse|dQ|dK|dV): max\|out-ref\|")
-        self.assertRegex(out, r"where: +(O|lse|dQ|dK|dV)\[batch \d+, head \d+, row \d+")
+        self.assertTrue(summary.exists(), f"lab.py grade wrote no results (status {status})")
+        results = {e["name"]: e for e in json.loads(summary.read_text())}
+        t_grade = time.time() - t0 - t_build
+
+        rows, problems = [], []
+        for name, (target, variant, expect) in expected.items():
+            e = results[name]
+            s = e["speed"]
+            speed = (f"{s['lab_gain']:.2f}x of {s['ref_gain']:.2f}x (mark {s['mark']:.2f}x)"
+                     if s.get("mark") else s.get("note", "")[:40] or "-")
+            if e["correct"]:
+                got = f"{e['result']}: correct, speed {speed}"
+            else:
+                q = e["first_failure"].get("quantity") or (
+                    "no backward" if e["missing_backward"] else
+                    e["first_failure"].get("error", "?")[:40])
+                got = f"{e['result']}: {q} wrong" + (
+                    f" at {e['first_failure'].get('shape', '')}" if e["first_failure"] else "")
+            if expect == "PASS":
+                ok = e["result"] == "PASS" and s.get("graded") and s.get("passed")
+            elif expect.startswith("FAIL"):  # unchanged: correct but slow, or no backward
+                ok = e["result"] == "FAIL" and (
+                    (e["correct"] and s.get("graded") and s.get("passed") is False)
+                    or e["missing_backward"])
+            elif expect == "speed":
+                ok = (e["result"] == "FAIL" and e["correct"] and s.get("graded")
+                      and s.get("passed") is False)
+            else:
+                ok = (e["result"] == "FAIL" and not e["correct"]
+                      and re.fullmatch(expect, e["first_failure"].get("quantity", "")) is not None)
+            rows.append((name, target, variant, expect, got, "ok" if ok else "WRONG"))
+            if not ok:
+                problems.append(name)
+        w = [max(len(r[i]) for r in rows) for i in range(4)]
+        print(f"\nLAB TABLE (build {t_build:.0f} s, grade {t_grade:.0f} s)")
+        print(f"{'lab':{w[0]}s}  {'step':{w[1]}s}  {'variant':{w[2]}s}  {'expected':{w[3]}s}  got")
+        for r in rows:
+            print(f"{r[0]:{w[0]}s}  {r[1]:{w[1]}s}  {r[2]:{w[2]}s}  {r[3]:{w[3]}s}  {r[4]}  [{r[5]}]")
+        self.assertEqual(problems, [], "labs graded against expectation (table above)")
 
 
 if __name__ == "__main__":

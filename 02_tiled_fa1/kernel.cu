@@ -283,16 +283,19 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS]
 /// update (Algorithm 1, line 12) then keeps O normalized at every block:
 /// \f[ O_i \leftarrow \frac{\ell_i e^{c (m_i - m_i^{new})}}{\ell_i^{new}} O_i +
 ///     \sum_j \frac{P_{ij}}{\ell_i^{new}} V_j \f]
-/// The factor of \f$O_i\f$ goes to `o_scale`, for add_to_o_acc; P is multiplied by
-/// \f$1 / \ell^{new}\f$ here, in fp32, before it is rounded for the mma. A row
+/// The factor of \f$O_i\f$ goes to `o_scale` and \f$1 / \ell^{new}\f$ to `p_scale`, for
+/// add_to_o_acc, which applies the latter to the fp32 product \f$P V\f$ as line 12 does: P
+/// itself, in [0, 1], is what is rounded for the mma (P divided by a large \f$\ell\f$ first
+/// would fall into fp16's subnormal range and lose its digits). A row
 /// with no visible key yet has \f$m = -\infty\f$: the subtracted max is then taken as 0
 /// so that no \f$-\infty - (-\infty)\f$ makes a NaN, and \f$\ell^{new} = 0\f$ gives factors 0.
-/// On return s holds \f$P / \ell^{new}\f$ (fp32).
+/// On return s holds P (fp32).
 template <class Tr>
 __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTilesS][4],
                                                float (&row_max)[Tr::kMTiles][2],
                                                float (&row_sum)[Tr::kMTiles][2],
-                                               float (&o_scale)[Tr::kMTiles][2], float* warp_max,
+                                               float (&o_scale)[Tr::kMTiles][2],
+                                               float (&p_scale)[Tr::kMTiles][2], float* warp_max,
                                                float* warp_sum, float scale_log2, int warp,
                                                int lane) {
   const int group = lane / 4, quad = lane % 4;
@@ -357,11 +360,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
       const float l_new = row_sum[mi][h] + block_sum;
       const float inv_l_new = l_new > 0.f ? 1.f / l_new : 0.f;
       o_scale[mi][h] = row_sum[mi][h] * inv_l_new;  // l e^{c (m - m_new)} / l_new
+      p_scale[mi][h] = inv_l_new;
       row_sum[mi][h] = l_new;
-#pragma unroll
-      for (int nj = 0; nj < Tr::kNTilesS; ++nj)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) s[mi][nj][2 * h + e] *= inv_l_new;
     }
 }
 
@@ -400,13 +400,15 @@ __device__ __forceinline__ void accumulate_pv(float (&pv)[Tr::kMTiles][Tr::kNTil
   }
 }
 
-/// Round `round` of \f$O \leftarrow \mathrm{diag}(o\_scale)\, O + \sum_w P_w V_{j,w}\f$ on the
+/// Round `round` of \f$O \leftarrow \mathrm{diag}(o\_scale)\, O + \mathrm{diag}(p\_scale) \sum_w
+/// P_w V_{j,w}\f$ on the
 /// fp32 o_acc in shared memory: this warp adds its `pv` of columns [col0, col0 + d / 4). The
 /// warps hold different slices in every round (no atomics; a barrier between rounds), and
 /// the warp of round 0 applies the rescale: a fixed order, deterministic. o_acc rows are
 /// d + 8 floats (8 banks) apart: a half-warp's float2 adds hit 32 different banks.
 template <class Tr>
 __device__ __forceinline__ void add_to_o_acc(float* o_acc, const float (&o_scale)[Tr::kMTiles][2],
+                                             const float (&p_scale)[Tr::kMTiles][2],
                                              const float (&pv)[Tr::kMTiles][Tr::kNTilesO][4],
                                              int col0, int round, int lane) {
   const int group = lane / 4, quad = lane % 4;
@@ -421,8 +423,8 @@ __device__ __forceinline__ void add_to_o_acc(float* o_acc, const float (&o_scale
             o_acc + (16 * mi + 8 * h + group) * Tr::kOAccPitch + col0 + 8 * nd + 2 * quad);
         float2 o = *dst;
         const float scale = round == 0 ? o_scale[mi][h] : 1.f;
-        o.x = fmaf(o.x, scale, pv[mi][nd][2 * h]);
-        o.y = fmaf(o.y, scale, pv[mi][nd][2 * h + 1]);
+        o.x = fmaf(o.x, scale, pv[mi][nd][2 * h] * p_scale[mi][h]);
+        o.y = fmaf(o.y, scale, pv[mi][nd][2 * h + 1] * p_scale[mi][h]);
         *dst = o;
       }
 }
@@ -659,15 +661,16 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
       apply_mask<Tr>(s, q_start + lane / 4, kv_start + warp_key0, seqlen_q, seqlen_k, args.causal,
                      lane);
 
-    float o_scale[Tr::kMTiles][2];
+    float o_scale[Tr::kMTiles][2], p_scale[Tr::kMTiles][2];
     fa::cp_async_wait<1>();  // this thread's part of O_i; online_softmax's barrier shows it all
-    online_softmax<Tr>(s, row_max, row_sum, o_scale, warp_max, warp_sum, scale_log2, warp, lane);
+    online_softmax<Tr>(s, row_max, row_sum, o_scale, p_scale, warp_max, warp_sum, scale_log2, warp,
+                       lane);
 #pragma unroll
     for (int round = 0; round < Tr::kNumWarps; ++round) {  // warp w: slice (w + round) % 4
       const int col0 = (warp + round) % Tr::kNumWarps * Tr::kNTilesO * 8;
       float pv[Tr::kMTiles][Tr::kNTilesO][4] = {};
       accumulate_pv<Tr, T>(pv, s, v_tile, warp_key0, col0, lane);
-      add_to_o_acc<Tr>(o_acc, o_scale, pv, col0, round, lane);
+      add_to_o_acc<Tr>(o_acc, o_scale, p_scale, pv, col0, round, lane);
     }
     if (kv_block + 1 < n_blocks)  // lines 12-13: O_i, m_i and l_i back to device memory
       store_o_m_l<Tr>(o_acc, row_max, row_sum, o_hbm, row_max_hbm, row_sum_hbm, q_start, seqlen_q,

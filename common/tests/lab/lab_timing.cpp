@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
             r.error = step + " has no backward pass";
             rows.push_back(r);
           } else {
-            rows.push_back(fa::measure(step, direction, dp, problem, m));
+            rows.push_back(fa::measure(step, direction, dp, m));
           }
           const fa::ResultRow& r = rows.back();
           if (!r.error.empty() || (r.checked && !r.passed)) failed.insert(step);

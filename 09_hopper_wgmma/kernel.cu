@@ -106,19 +106,24 @@ struct Traits {
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;
   static constexpr int kVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kTileBytes = kQBytes + kOBytes + kStages * (kKBytes + kVBytes);
-  /// Registers per producer thread, and per consumer thread: what the 64K-register file
-  /// leaves (a multiple of 8, at most 240): 240 with two consumers, 160 with three.
+  /// Registers per thread at launch: `__launch_bounds__(kNumThreads, 1)` lets ptxas give each
+  /// thread the 64K-register file's share, rounded down to a multiple of 8 (168 for 384
+  /// threads, 128 for 512). They are the thread block's pool: `setmaxnreg` moves registers
+  /// between its warpgroups and never takes more (a request beyond the pool waits forever).
+  static constexpr int kLaunchRegs = 65536 / kNumThreads / 8 * 8;
+  /// Registers per producer thread (the tile loop needs more than 24), and per consumer
+  /// thread what the pool leaves (a multiple of 8): 232 with two consumers, 160 with three.
   static constexpr int kProducerRegs = 32;
   static constexpr int kConsumerRegs =
-      std::min(240, (65536 / 128 - kProducerRegs) / kNumConsumers / 8 * 8);
+      std::min(240, ((1 + kNumConsumers) * kLaunchRegs - kProducerRegs) / kNumConsumers / 8 * 8);
 
   static_assert(kBlockM % kConsumerRows == 0 && kNumConsumers >= 2 && kNumConsumers <= 3,
                 "two or three consumer warpgroups of 64 rows (the M of one wgmma)");
   static_assert(kMTiles * 16 * 4 == kConsumerRows, "a warp holds 16 rows of the accumulator");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "k16 steps of P V; one wgmma for S");
   static_assert(kHeadDim % kPanelCols == 0, "whole 128-byte panels");
-  static_assert(128 * kProducerRegs + 128 * kNumConsumers * kConsumerRegs <= 65536,
-                "the register file holds every warpgroup's registers");
+  static_assert(kProducerRegs + kNumConsumers * kConsumerRegs <= (1 + kNumConsumers) * kLaunchRegs,
+                "setmaxnreg stays within the registers the thread block was launched with");
 };
 
 /// What the thread block's warpgroups share besides the tiles: the barriers, and the tile the

@@ -713,13 +713,15 @@ fa_status make_tensor_map(CUtensorMap* map, const char* name, const fa_tensor& t
 
 /// The tuning knobs, read from the environment once, for measured comparisons (the defaults
 /// are the step's choice): `FA_HOPPER_BLOCK_M=128` takes 128-row Q blocks (two consumers) at
-/// d = 64, and with it `FA_HOPPER_BLOCK_N=192` 192-key blocks; `FA_HOPPER_PERSISTENT=0`
-/// launches one thread block per tile instead of one per SM; `FA_HOPPER_ALIGN=start` starts
-/// the Q blocks at row 0 (the partial block last), as step 06 does.
+/// d = 64, and with it `FA_HOPPER_BLOCK_N=192` 192-key blocks; `FA_HOPPER_GRID=tiles`
+/// launches one thread block per tile instead of one per SM (no persistence), and
+/// `FA_HOPPER_GRID=n` at most n thread blocks (the tests' way to make every thread block
+/// work through many tiles of a small problem); `FA_HOPPER_ALIGN=start` starts the Q blocks
+/// at row 0 (the partial block last), as step 06 does.
 struct Knobs {
   bool d64_block_m_128 = false;  ///< FA_HOPPER_BLOCK_M=128
   bool d64_block_n_192 = false;  ///< FA_HOPPER_BLOCK_N=192 (with 128-row Q blocks)
-  bool persistent = true;        ///< not FA_HOPPER_PERSISTENT=0
+  int grid = 0;                  ///< FA_HOPPER_GRID: 0 unset, -1 "tiles", else n
   bool align_end = true;         ///< not FA_HOPPER_ALIGN=start
 };
 
@@ -733,7 +735,9 @@ const Knobs& knobs() {
     Knobs r;
     r.d64_block_m_128 = env_is("FA_HOPPER_BLOCK_M", "128");
     r.d64_block_n_192 = env_is("FA_HOPPER_BLOCK_N", "192");
-    r.persistent = !env_is("FA_HOPPER_PERSISTENT", "0");
+    const char* grid = std::getenv("FA_HOPPER_GRID");
+    if (grid != nullptr)
+      r.grid = std::strcmp(grid, "tiles") == 0 ? -1 : std::max(0, std::atoi(grid));
     r.align_end = !env_is("FA_HOPPER_ALIGN", "start");
     return r;
   }();
@@ -789,8 +793,10 @@ fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   if (fa::workspace(sizeof(int), stream, &counter) != cudaSuccess)
     return fa::set_error(FA_ERR_CUDA, "%s: cannot allocate the tile counter", FA_STEP_NAME);
   FA_CUDA_TRY(cudaMemsetAsync(counter, 0, sizeof(int), stream));
-  const dim3 grid(
-      static_cast<unsigned>(knobs().persistent ? std::min(num_tiles, resident) : num_tiles));
+  const int64_t num_blocks = knobs().grid < 0    ? num_tiles
+                             : knobs().grid == 0 ? std::min(num_tiles, resident)
+                                                 : std::min<int64_t>(num_tiles, knobs().grid);
+  const dim3 grid(static_cast<unsigned>(num_blocks));
   const int q_offset =
       knobs().align_end ? static_cast<int>(num_q_blocks * Tr::kBlockM - args.seqlen_q) : 0;
   constexpr double kLog2e = 1.4426950408889634;

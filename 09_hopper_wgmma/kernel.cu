@@ -101,11 +101,12 @@ struct Traits {
   static constexpr int kPanelBytes = 128;                        ///< one swizzled row of a panel
   static constexpr int kPanelCols = kPanelBytes / 2;             ///< 64 columns of 2-byte types
   static constexpr int kPanels = kHeadDim / kPanelCols;          ///< panels side by side in a tile
+  static constexpr int kQBuffers = 2;  ///< the next tile's Q lands while this one's is read
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kOBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;
   static constexpr int kVBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kTileBytes = kQBytes + kOBytes + kStages * (kKBytes + kVBytes);
+  static constexpr int kTileBytes = kQBuffers * kQBytes + kOBytes + kStages * (kKBytes + kVBytes);
   /// Registers per thread at launch: `__launch_bounds__(kNumThreads, 1)` lets ptxas give each
   /// thread the 64K-register file's share, rounded down to a multiple of 8 (168 for 384
   /// threads, 128 for 512). They are the thread block's pool: `setmaxnreg` moves registers
@@ -131,22 +132,24 @@ struct Traits {
 /// of the phase it waits for. The K/V blocks are counted over the whole life of the thread
 /// block, across tiles: buffer s holds blocks i = s, s + kStages, s + 2 kStages, ..., so block
 /// i is phase i / kStages of its barriers, parity (i / kStages) & 1; the t-th tile of the
-/// thread block is phase t of q_full and q_empty.
-template <int kStages>
+/// thread block uses Q buffer t % 2 and is phase t / 2 of its q_full and q_empty.
+template <class Tr>
 struct SharedState {
-  uint64_t q_full;            ///< `tile` is announced and its Q has landed
-  uint64_t q_empty;           ///< every consumer warp is done reading Q
-  uint64_t k_full[kStages];   ///< K has landed in the buffer
-  uint64_t v_full[kStages];   ///< V has landed in the buffer
-  uint64_t k_empty[kStages];  ///< every consumer warp is done reading K
-  uint64_t v_empty[kStages];  ///< every consumer warp is done reading V
-  int tile;                   ///< the tile to compute (>= num_tiles: none left)
+  uint64_t q_full[Tr::kQBuffers];   ///< `tile` is announced and its Q has landed
+  uint64_t q_empty[Tr::kQBuffers];  ///< every consumer warp is done reading the buffer's Q
+  uint64_t k_full[Tr::kStages];     ///< K has landed in the buffer
+  uint64_t v_full[Tr::kStages];     ///< V has landed in the buffer
+  uint64_t k_empty[Tr::kStages];    ///< every consumer warp is done reading K
+  uint64_t v_empty[Tr::kStages];    ///< every consumer warp is done reading V
+  int tile[Tr::kQBuffers];          ///< the tile of the Q buffer (>= num_tiles: none left)
 };
 
 /// Shared memory asked for: the tiles, the shared state and slack to align the tiles to 1024.
 template <class Tr>
 constexpr int smem_bytes() {
-  return Tr::kTileBytes + static_cast<int>(sizeof(SharedState<Tr::kStages>)) + 1024;
+  constexpr int bytes = Tr::kTileBytes + static_cast<int>(sizeof(SharedState<Tr>)) + 1024;
+  static_assert(bytes <= 227 * 1024, "an H100/H200 thread block has at most 227 KiB");
+  return bytes;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -231,28 +234,30 @@ __device__ __forceinline__ void load_tile(char* smem_tile, const CUtensorMap* ma
                     head, batch);
 }
 
-/// The producer thread's work for one tile: Q (announced on q_full with the tile), then K_j
+/// The producer thread's work for one tile: Q into buffer b (announced on q_full[b] with the
+/// tile), then K_j
 /// and V_j for j = 0 .. n_blocks - 1, the thread block's K/V blocks kv_iter + j, into buffer
 /// (kv_iter + j) % kStages. Before it refills a buffer it waits on that buffer's "empty"
 /// barrier for the phase of the block that used it last (kStages blocks earlier, maybe in the
 /// previous tile); the first kStages blocks of the thread block find their buffers unused.
 /// Each load is one arrival with its byte count on the "full" barrier. A tile whose rows see
-/// no key needs no Q: its q_full phase is the producer's arrival alone.
+/// no key needs no Q: its q_full[b] phase is the producer's arrival alone.
 template <class Tr>
 __device__ __forceinline__ void load_q_k_v(char* q_tile, char* k_stages, char* v_stages,
-                                           SharedState<Tr::kStages>* sh, const CUtensorMap* tmap_q,
+                                           SharedState<Tr>* sh, const CUtensorMap* tmap_q,
                                            const CUtensorMap* tmap_k, const CUtensorMap* tmap_v,
-                                           const fa_fwd_args& args, const Tile& t, int kv_iter) {
+                                           const fa_fwd_args& args, const Tile& t, int b,
+                                           int kv_iter) {
   // A tensor whose batch stride is 0 (one batch shared by all) is mapped with one batch.
   const int batch_q = args.q.batch_stride != 0 ? t.batch : 0;
   const int batch_k = args.k.batch_stride != 0 ? t.batch : 0;
   const int batch_v = args.v.batch_stride != 0 ? t.batch : 0;
   if (t.n_blocks <= 0) {
-    fa::mbarrier_arrive(&sh->q_full);
+    fa::mbarrier_arrive(&sh->q_full[b]);
     return;
   }
-  fa::mbarrier_arrive_expect_tx(&sh->q_full, Tr::kQBytes);
-  load_tile<Tr, Tr::kBlockM>(q_tile, tmap_q, &sh->q_full, t.q_start, t.head, batch_q);
+  fa::mbarrier_arrive_expect_tx(&sh->q_full[b], Tr::kQBytes);
+  load_tile<Tr, Tr::kBlockM>(q_tile, tmap_q, &sh->q_full[b], t.q_start, t.head, batch_q);
   for (int kv_block = 0; kv_block < t.n_blocks; ++kv_block) {
     const int i = kv_iter + kv_block;  // the thread block's K/V block count
     const int stage = i % Tr::kStages;
@@ -520,15 +525,17 @@ __global__ void __launch_bounds__(Traits<kHeadDim, kBlockM, kBlockN>::kNumThread
   extern __shared__ char smem_raw[];
   // The 128-byte swizzle repeats every 1024 bytes: the tiles start on a 1024-byte boundary.
   char* const smem = smem_raw + ((1024 - (fa::smem_u32(smem_raw) & 1023)) & 1023);
-  char* const q_tile = smem;
-  char* const o_stage = q_tile + Tr::kQBytes;
+  char* const q_tiles = smem;  // Q buffer b at b * kQBytes
+  char* const o_stage = q_tiles + Tr::kQBuffers * Tr::kQBytes;
   char* const k_stages = o_stage + Tr::kOBytes;                 // buffer s at s * kKBytes
   char* const v_stages = k_stages + Tr::kStages * Tr::kKBytes;  // buffer s at s * kVBytes
-  auto* const sh = reinterpret_cast<SharedState<Tr::kStages>*>(smem + Tr::kTileBytes);
+  auto* const sh = reinterpret_cast<SharedState<Tr>*>(smem + Tr::kTileBytes);
 
   if (threadIdx.x == 0) {
-    fa::mbarrier_init(&sh->q_full, 1);  // the producer's arrival (+ the TMA bytes)
-    fa::mbarrier_init(&sh->q_empty, Tr::kNumConsumerWarps);
+    for (int b = 0; b < Tr::kQBuffers; ++b) {
+      fa::mbarrier_init(&sh->q_full[b], 1);  // the producer's arrival (+ the TMA bytes)
+      fa::mbarrier_init(&sh->q_empty[b], Tr::kNumConsumerWarps);
+    }
     for (int s = 0; s < Tr::kStages; ++s) {
       fa::mbarrier_init(&sh->k_full[s], 1);
       fa::mbarrier_init(&sh->v_full[s], 1);
@@ -550,14 +557,16 @@ __global__ void __launch_bounds__(Traits<kHeadDim, kBlockM, kBlockN>::kNumThread
       const int num_tiles = count_tiles<Tr>(args);
       int kv_iter = 0;  // K/V blocks loaded so far
       for (int tile = blockIdx.x, n = 0;; ++n) {
-        if (n > 0) fa::mbarrier_wait(&sh->q_empty, (n - 1) & 1);  // Q of tile n - 1 is read
-        sh->tile = tile;  // published by the arrival on q_full (release)
+        const int b = n % Tr::kQBuffers;  // tile n - 2 used the buffer last: wait till it's read
+        if (n >= Tr::kQBuffers) fa::mbarrier_wait(&sh->q_empty[b], (n / Tr::kQBuffers - 1) & 1);
+        sh->tile[b] = tile;  // published by the arrival on q_full[b] (release)
         if (tile >= num_tiles) {
-          fa::mbarrier_arrive(&sh->q_full);  // "no tile left"
+          fa::mbarrier_arrive(&sh->q_full[b]);  // "no tile left"
           break;
         }
         const Tile t = tile_info<Tr>(args, tile, group_pairs, q_offset);
-        load_q_k_v<Tr>(q_tile, k_stages, v_stages, sh, &tmap_q, &tmap_k, &tmap_v, args, t, kv_iter);
+        load_q_k_v<Tr>(q_tiles + b * Tr::kQBytes, k_stages, v_stages, sh, &tmap_q, &tmap_k, &tmap_v,
+                       args, t, b, kv_iter);
         kv_iter += max(t.n_blocks, 0);
         tile = atomicAdd(tile_counter, 1) + gridDim.x;  // the first gridDim.x tiles are taken
       }
@@ -574,9 +583,11 @@ __global__ void __launch_bounds__(Traits<kHeadDim, kBlockM, kBlockN>::kNumThread
     int kv_iter = 0;  // K/V blocks consumed so far
 
     for (int n = 0;; ++n) {
-      fa::mbarrier_wait(&sh->q_full, n & 1);  // tile n is announced (and its Q has landed)
-      const int tile = sh->tile;
+      const int b = n % Tr::kQBuffers;                             // tile n's Q buffer
+      fa::mbarrier_wait(&sh->q_full[b], (n / Tr::kQBuffers) & 1);  // tile n is announced, Q landed
+      const int tile = sh->tile[b];
       if (tile >= num_tiles) break;
+      const char* const q_tile = q_tiles + b * Tr::kQBytes;
       const Tile t = tile_info<Tr>(args, tile, group_pairs, q_offset);
 
       // On-chip state of this warp's rows for the whole K/V loop.
@@ -597,7 +608,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim, kBlockM, kBlockN>::kNumThread
       }
 
       if (t.n_blocks <= 0) {  // its rows see no key (N_q > N_k): O = 0, L = +inf
-        if (lane == 0) fa::mbarrier_arrive(&sh->q_empty);  // nor any Q
+        if (lane == 0) fa::mbarrier_arrive(&sh->q_empty[b]);  // nor any Q
       } else {
 #pragma unroll 1
         for (int kv_block = 0; kv_block < t.n_blocks; ++kv_block) {
@@ -615,7 +626,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim, kBlockM, kBlockN>::kNumThread
           fa::fence_operand(s[0]);
           if (lane == 0) {
             fa::mbarrier_arrive(&sh->k_empty[stage]);  // this warp is done with K_j
-            if (kv_block == t.n_blocks - 1) fa::mbarrier_arrive(&sh->q_empty);  // and with Q
+            if (kv_block == t.n_blocks - 1) fa::mbarrier_arrive(&sh->q_empty[b]);  // and with Q
           }
           // Only the blocks that cross the diagonal (some key past the first row's key_end)
           // and the ragged last block need the mask; all others take the mask-free path.

@@ -69,9 +69,9 @@ namespace {
 /// (16 per cycle and SM). At d = 64 the products take half as long and the exponentials as
 /// long as before: a third consumer (192 rows, as FlashAttention-3) gives the K/V block 1.5x
 /// the rows to amortize its loads, barriers and waits over, and the SM a third warpgroup to
-/// run while two wait. Shared memory: Q, the O staging tile and kStages K and V tiles,
-/// \f$(2 B_r + 2 \cdot kStages \cdot B_c)\, d \cdot 2\f$ bytes: 112 KiB (d = 64) and 192 KiB
-/// (d = 128), one thread block per SM.
+/// run while two wait. Shared memory: two Q tiles, the O staging tile and kStages K and V
+/// tiles, \f$(3 B_r + 2 \cdot kStages \cdot B_c)\, d \cdot 2\f$ bytes: 136 KiB (d = 64) and
+/// 224 KiB (d = 128), one thread block per SM.
 template <int kHeadDim>
 struct TileShape;
 template <>
@@ -234,14 +234,13 @@ __device__ __forceinline__ void load_tile(char* smem_tile, const CUtensorMap* ma
                     head, batch);
 }
 
-/// The producer thread's work for one tile: Q into buffer b (announced on q_full[b] with the
-/// tile), then K_j
-/// and V_j for j = 0 .. n_blocks - 1, the thread block's K/V blocks kv_iter + j, into buffer
-/// (kv_iter + j) % kStages. Before it refills a buffer it waits on that buffer's "empty"
-/// barrier for the phase of the block that used it last (kStages blocks earlier, maybe in the
-/// previous tile); the first kStages blocks of the thread block find their buffers unused.
-/// Each load is one arrival with its byte count on the "full" barrier. A tile whose rows see
-/// no key needs no Q: its q_full[b] phase is the producer's arrival alone.
+/// The producer thread's work for one tile: Q into Q buffer b (announced on q_full[b] with the
+/// tile), then K_j and V_j for j = 0 .. n_blocks - 1, the thread block's K/V blocks
+/// kv_iter + j, into K/V buffer (kv_iter + j) % kStages. Before it refills a buffer it waits on
+/// that buffer's "empty" barrier for the phase of the block that used it last (kStages blocks
+/// earlier, maybe in the previous tile); the first kStages blocks of the thread block find their
+/// buffers unused. Each load is one arrival with its byte count on the "full" barrier. A tile whose
+/// rows see no key needs no Q: its q_full[b] phase is the producer's arrival alone.
 template <class Tr>
 __device__ __forceinline__ void load_q_k_v(char* q_tile, char* k_stages, char* v_stages,
                                            SharedState<Tr>* sh, const CUtensorMap* tmap_q,

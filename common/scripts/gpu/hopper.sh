@@ -10,7 +10,8 @@
 #      (V N-major), epilogue TMA store, for every tile shape, each alone with exact arithmetic.
 #      If only the boxes before row 0 fail, the rest of the run uses FA_HOPPER_ALIGN=start
 #      (Q blocks from row 0, as step 06) and says so.
-#   2. one runner call per step (checked against the oracle) and the ceilings.
+#   2. one runner call per step (checked against the oracle: 09 at d = 128 causal, 10 at
+#      d = 64) and the ceilings.
 #   3. the GPU conformance suite, all at once (the fp64 oracle is CPU work):
 #      09 and 10 as built (matrix, edge cases, 60 random problems), and the variants:
 #      FA_HOPPER_GRID=3 (at most 3 thread blocks: every thread block works through many
@@ -21,11 +22,12 @@
 #      forward: FLASH, cuDNN, 09, 10 as built; then 09 and 10 again under each variant (the
 #      d = 64 shapes at d = 64 only, FA_HOPPER_ALIGN=start at d = 64 causal only), each
 #      checked against compare.py's fp32 reference; one table with every ratio.
-#   5. compute-sanitizer memcheck, racecheck, synccheck, initcheck over a short slice of the
-#      suite under FA_HOPPER_GRID=2 (common/scripts/sanitize.sh), within a time budget.
-# Expected device time: about 3.5 minutes (1: 5 s, 2: 20 s, 3: <= 100 s, 4: ~70 s,
-# 5: <= 60 s). HOPPER_SKIP="variants compare tune sanitize" skips phases or parts
-# (variants: the variant conformance runs; tune: the variant compare.py runs).
+#   3b. at the same time as 3 (neither is timed): compute-sanitizer memcheck, racecheck,
+#      synccheck, initcheck over a short slice of the suite under FA_HOPPER_GRID=2
+#      (common/scripts/sanitize.sh), within a time budget of 100 s.
+# Expected device time: about 3.5 minutes (1: 5 s, 2: 15 s, 3 and 3b: <= 130 s, 4: ~70 s).
+# HOPPER_SKIP="variants compare tune sanitize" skips phases or parts (variants: the variant
+# conformance runs; tune: the variant compare.py runs).
 set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 2
 build=${FA_BUILD_DIR:-build-gpu}
@@ -57,19 +59,14 @@ if [ "$fails" -gt 0 ] && [ "$fails" = "$neg_fails" ]; then
 fi
 
 # 2. One checked run per step, and the ceilings
-for step in 09_hopper_wgmma 10_hopper_pingpong; do
-  for shape in "128 causal" "64 none"; do
-    read -r dim mask <<< "$shape"
-    flags=()
-    [ "$mask" = causal ] && flags+=(--causal)
-    [ "$step $shape" != "09_hopper_wgmma 128 causal" ] && flags+=(--no-ceilings)  # once
-    timeout 60 "$build/bin/$step" --batch 2 --heads 16 --seqlen 4096 --head-dim "$dim" \
-      "${flags[@]}" > "$tmp/run.txt" 2>&1
-    rc=$?
-    cat "$tmp/run.txt" >> "$log"
-    grep -h '^Ceilings' "$tmp/run.txt" >> "$tmp/ceilings.txt"
-    result "2 runner $step d=$dim $mask" "rc=$rc: $(grep -E "^$step " "$tmp/run.txt" | head -1 | tr -s ' ' | cut -d' ' -f10-)"
-  done
+for run in "09_hopper_wgmma 128 --causal" "10_hopper_pingpong 64 --no-ceilings"; do
+  read -r step dim flag <<< "$run"
+  timeout 60 "$build/bin/$step" --batch 2 --heads 16 --seqlen 4096 --head-dim "$dim" "$flag" \
+    > "$tmp/run.txt" 2>&1
+  rc=$?
+  cat "$tmp/run.txt" >> "$log"
+  grep -h '^Ceilings' "$tmp/run.txt" >> "$tmp/ceilings.txt"
+  result "2 runner $step d=$dim" "rc=$rc: $(grep -E "^$step " "$tmp/run.txt" | head -1 | tr -s ' ' | cut -d' ' -f10-)"
 done
 result "2 ceilings" "$(head -1 "$tmp/ceilings.txt" 2>/dev/null)"
 
@@ -93,6 +90,9 @@ conf_report() {  # name
 full() { echo "*/$1*:*.$1*"; }
 short() { echo "Steps/ForwardConformance.*/$1*:Steps/EdgeCases.*/$1:Steps/SafetyEdgeCases.*/$1:Random/RandomConformance.*/$1_fwd"; }
 names=()
+# sanitize.sh (3b) builds fa_gpu_tests first: do it now, so that it cannot relink the binary
+# under the running suites (a no-op on a built tree).
+cmake --build "$build" --target fa_gpu_tests > "$tmp/build.txt" 2>&1 || tail -5 "$tmp/build.txt" >> "$log"
 for step in 09_hopper_wgmma 10_hopper_pingpong; do
   s=${step:0:2}
   conf "$s" 150 "$(full $step)" FA_RANDOM_PROBLEMS=60 FA_RANDOM_SECONDS=60
@@ -105,8 +105,31 @@ for step in 09_hopper_wgmma 10_hopper_pingpong; do
     names+=("${s}_grid3" "${s}_bm128" "${s}_bm128_bn192" "${s}_tiles")
   fi
 done
+# 3b. Sanitizers at the same time (a short slice, with at most 2 thread blocks so that the
+# persistent loop runs; racecheck may not model wgmma/TMA accesses: see the log)
+if ! skipped sanitize; then
+  # Per step: 5 forward matrix cases (257 x 257 MQA in fp16, d 64/128, causal off/on; bf16
+  # d = 128 causal Nq > Nk), the named edge cases, 2 random problems up to 384 rows.
+  FA_HOPPER_GRID=2 \
+  FA_SANITIZE_FILTER='Steps/ForwardConformance.*/@STEP@_fp16_*_odd_mqa:Steps/ForwardConformance.*/@STEP@_bf16_d128_causal_q_gt_k:Steps/EdgeCases.*/@STEP@:Random/RandomConformance.*/@STEP@_fwd' \
+  FA_BUILD_DIR=$build FA_SANITIZE_STEPS="09_hopper_wgmma,10_hopper_pingpong" \
+    FA_SANITIZE_BUDGET=${FA_SANITIZE_BUDGET:-100} FA_SANITIZE_TIMEOUT=95 \
+    FA_RANDOM_PROBLEMS=2 FA_RANDOM_SECONDS=0 \
+    timeout 130 bash common/scripts/sanitize.sh "$tmp/sanitize" > "$tmp/sanitize.txt" 2>&1 &
+fi
 wait
 for n in "${names[@]}"; do conf_report "$n"; done
+if ! skipped sanitize; then
+  cat "$tmp/sanitize/summary.txt" >> "$log" 2>/dev/null
+  for f in "$tmp"/sanitize/*.sanitizer.log; do  # the first reports of a tool that found any
+    [ -f "$f" ] || continue
+    if grep -qE "^========= [A-Z]" "$f" && ! grep -qE "ERROR SUMMARY: 0 errors" "$f"; then
+      note "--- $(basename "$f"): $(grep -E 'SUMMARY' "$f" | tail -2 | tr '\n' ' ')"
+      grep -E "^=========" "$f" | grep -v "SUMMARY" | head -30 >> "$log"
+    fi
+  done
+  result "3b sanitizers" "$(grep -E 'memcheck|racecheck|synccheck|initcheck' "$tmp/sanitize/summary.txt" 2>/dev/null | tr '\n' ';' | cut -c1-300)"
+fi
 
 # 4. Speed beside PyTorch FLASH and cuDNN (same tensors, one process), then the variants
 cmp() {  # name backends head_dims causal [VAR=value ...]
@@ -132,28 +155,6 @@ if ! skipped compare; then
   python3 common/scripts/gpu/hopper_table.py "$tmp" > "$tmp/table.txt" 2>&1
   cat "$tmp/table.txt" >> "$log"
   result "4 bars" "$(grep '^bars' "$tmp/table.txt" | head -1 | cut -c1-200)"
-fi
-
-# 5. Sanitizers (a short slice, with at most 2 thread blocks so that the persistent loop runs)
-if ! skipped sanitize; then
-  # Per step: 5 forward matrix cases (257 x 257 MQA in fp16, d 64/128, causal off/on; bf16
-  # d = 128 causal Nq > Nk), the named edge cases, 2 random problems up to 384 rows.
-  FA_HOPPER_GRID=2 \
-  FA_SANITIZE_FILTER='Steps/ForwardConformance.*/@STEP@_fp16_*_odd_mqa:Steps/ForwardConformance.*/@STEP@_bf16_d128_causal_q_gt_k:Steps/EdgeCases.*/@STEP@:Random/RandomConformance.*/@STEP@_fwd' \
-  FA_BUILD_DIR=$build FA_SANITIZE_STEPS="09_hopper_wgmma,10_hopper_pingpong" \
-    FA_SANITIZE_BUDGET=${FA_SANITIZE_BUDGET:-60} FA_SANITIZE_TIMEOUT=55 \
-    FA_RANDOM_PROBLEMS=2 FA_RANDOM_SECONDS=0 \
-    timeout 80 bash common/scripts/sanitize.sh "$tmp/sanitize" > "$tmp/sanitize.txt" 2>&1
-  rc=$?
-  cat "$tmp/sanitize/summary.txt" >> "$log" 2>/dev/null
-  for f in "$tmp"/sanitize/*.sanitizer.log; do  # the first reports of a tool that found any
-    [ -f "$f" ] || continue
-    if grep -qE "^========= [A-Z]" "$f" && ! grep -qE "ERROR SUMMARY: 0 errors" "$f"; then
-      note "--- $(basename "$f"): $(grep -E 'SUMMARY' "$f" | tail -2 | tr '\n' ' ')"
-      grep -E "^=========" "$f" | grep -v "SUMMARY" | head -30 >> "$log"
-    fi
-  done
-  result "5 sanitizers" "rc=$rc; $(grep -E 'memcheck|racecheck|synccheck|initcheck' "$tmp/sanitize/summary.txt" 2>/dev/null | tr '\n' ';' | cut -c1-300)"
 fi
 
 note ""

@@ -99,10 +99,10 @@ names=()
 cmake --build "$build" --target fa_gpu_tests > "$tmp/build.txt" 2>&1 || tail -5 "$tmp/build.txt" >> "$log"
 for step in 09_hopper_wgmma 10_hopper_pingpong; do
   s=${step:0:2}
-  conf "$s" 150 "$(full $step)" FA_RANDOM_PROBLEMS=60 FA_RANDOM_SECONDS=60
+  conf "$s" 150 "$(full $step)" FA_RANDOM_PROBLEMS=60 FA_RANDOM_SECONDS=45
   names+=("$s")
   if ! skipped variants; then
-    conf "${s}_grid3" 150 "$(full $step)" FA_HOPPER_GRID=3 FA_RANDOM_PROBLEMS=24 FA_RANDOM_SECONDS=40
+    conf "${s}_grid3" 150 "$(full $step)" FA_HOPPER_GRID=3 FA_RANDOM_PROBLEMS=24 FA_RANDOM_SECONDS=35
     conf "${s}_bm128" 100 "$(short $step)" FA_HOPPER_BLOCK_M=128 FA_RANDOM_PROBLEMS=12 FA_RANDOM_SECONDS=20
     conf "${s}_bm128_bn192" 100 "$(short $step)" FA_HOPPER_BLOCK_M=128 FA_HOPPER_BLOCK_N=192 FA_RANDOM_PROBLEMS=12 FA_RANDOM_SECONDS=20
     conf "${s}_tiles" 100 "$(short $step)" FA_HOPPER_GRID=tiles FA_RANDOM_PROBLEMS=12 FA_RANDOM_SECONDS=20

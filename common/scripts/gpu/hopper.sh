@@ -113,12 +113,13 @@ done
 # persistent loop runs; racecheck may not model wgmma/TMA accesses: see the log)
 if ! skipped sanitize; then
   # Per step: 5 forward matrix cases (257 x 257 MQA in fp16, d 64/128, causal off/on; bf16
-  # d = 128 causal Nq > Nk), the named edge cases, 2 random problems up to 384 rows.
+  # d = 128 causal Nq > Nk), the named edge cases, 9 random problems up to 384 rows (the
+  # fewest that cover the 9 classes the forward random test promises).
   FA_HOPPER_GRID=2 \
   FA_SANITIZE_FILTER='Steps/ForwardConformance.*/@STEP@_fp16_*_odd_mqa:Steps/ForwardConformance.*/@STEP@_bf16_d128_causal_q_gt_k:Steps/EdgeCases.*/@STEP@:Random/RandomConformance.*/@STEP@_fwd' \
   FA_BUILD_DIR=$build FA_SANITIZE_STEPS="09_hopper_wgmma,10_hopper_pingpong" \
     FA_SANITIZE_BUDGET=${FA_SANITIZE_BUDGET:-100} FA_SANITIZE_TIMEOUT=95 \
-    FA_RANDOM_PROBLEMS=2 FA_RANDOM_SECONDS=0 \
+    FA_RANDOM_PROBLEMS=9 FA_RANDOM_SECONDS=0 \
     timeout 130 bash common/scripts/sanitize.sh "$tmp/sanitize" > "$tmp/sanitize.txt" 2>&1 &
 fi
 wait

@@ -1,29 +1,39 @@
 /// \file 09_hopper_wgmma/kernel.cu
 /// \brief Step 09: the forward of step 06 on Hopper's own machinery: TMA loads, warpgroup MMA
-/// (wgmma) and warp specialization (FlashAttention-3, sec. 3.1).
+/// (wgmma), warp specialization and a persistent grid (FlashAttention-3, sec. 3.1).
 ///
 /// What this step changes against step 06 (the algorithm is the same: online softmax with the
 /// deferred rescale, causal block skip, mask only where needed, the longest-first work order,
 /// L stored, bottom-right causal, GQA, any lengths):
-/// - Warp specialization. A thread block has three warpgroups (4 warps each). Warpgroup 0 is
-///   the producer: one of its threads issues every load, the others exit. Warpgroups 1 and 2
-///   are the consumers: each owns 64 of the 128 rows of the Q block and computes them exactly
-///   as a warp of step 06 computes its rows. Producer and consumers talk only through
+/// - Warp specialization. A thread block has one producer warpgroup (4 warps) and two or three
+///   consumer warpgroups. The producer is warpgroup 0: one of its threads issues every load,
+///   the others exit. Each consumer owns 64 rows of the Q block (128 rows with two consumers
+///   at d = 128, 192 with three at d = 64: TileShape says why) and computes them exactly as a
+///   warp of step 06 computes its rows. Producer and consumers talk only through
 ///   shared-memory barriers (mbarrier): a "full" barrier per buffer says the data landed, an
 ///   "empty" barrier says every consumer warp is done reading it.
-/// - TMA loads. The tensor memory accelerator copies a whole tile (up to 128 rows x 128 bytes
-///   per instruction) from global to shared memory, zero-filling rows past the end of the
-///   sequence and writing the 128-byte swizzle that wgmma reads. Q is loaded once; K and V go
-///   through a ring of kStages buffers, each with its own full and empty barrier, so the
-///   producer runs ahead of the consumers by up to kStages blocks.
+/// - TMA loads. The tensor memory accelerator copies a whole tile (up to 256 rows x 128 bytes
+///   per instruction) from global to shared memory, zero-filling rows outside the sequence
+///   and writing the 128-byte swizzle that wgmma reads. K and V go through a ring of kStages
+///   buffers, each with its own full and empty barrier, so the producer runs ahead of the
+///   consumers by up to kStages blocks.
 /// - wgmma. \f$S = Q K^T\f$ is one warpgroup instruction per 16 columns of d, with both
 ///   operands read straight from shared memory (no ldmatrix); \f$O \mathrel{+}= P V\f$ takes P
 ///   from registers (the S accumulators, rounded and packed, as in step 06) and V from shared
 ///   memory. Both are asynchronous: issue, commit, wait.
 /// - Register reallocation. The producer needs few registers, the consumers many (their S
 ///   and o_acc accumulators): `setmaxnreg` moves the producer's to the consumers.
+/// - A persistent grid. As many thread blocks as fit on the GPU at once (one per SM), each
+///   working through Q blocks ("tiles") one after the other: a counter in global memory hands
+///   the next tile of step 06's longest-first order to whichever thread block asks first
+///   (atomicAdd), as the hardware does with a grid of one thread block per tile. The producer
+///   loads the next tile's Q and first K/V blocks while the consumers finish the current tile
+///   and store its O, so the pipeline does not drain and refill between tiles.
+/// - The Q blocks end at the end of the sequence: when \f$B_r\f$ does not divide \f$N_q\f$, the
+///   partial block is the first one (its rows before row 0 are outside the tensor: the TMA
+///   reads them as zeros and does not store them), which causal masking makes the cheapest.
 /// - The epilogue writes O to shared memory in the swizzled layout and stores it with one TMA
-///   store per warpgroup and panel (rows past \f$N_q\f$ are clipped by the TMA).
+///   store per warpgroup and panel (rows outside \f$[0, N_q)\f$ are clipped by the TMA).
 ///
 /// Built for sm_90a only (wgmma and setmaxnreg exist nowhere else): the API reports the step
 /// as needing an sm_90 GPU on any other device.
@@ -39,11 +49,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "fa/api.h"
 #include "fa/check.cuh"
 #include "fa/hopper.cuh"
 #include "fa/step.h"
+#include "fa/workspace.h"
 
 namespace {
 
@@ -51,40 +63,37 @@ namespace {
 // Tile configuration
 // ------------------------------------------------------------------------------------------
 
-// Tuning knobs: K/V rows per block for each head dimension (multiples of 16, at most 256 and
-// one of the wgmma widths fa/hopper.cuh writes out: 64, 128, 192, 256).
-#ifndef FA_FWD_BLOCK_N_D64
-#define FA_FWD_BLOCK_N_D64 128
-#endif
-#ifndef FA_FWD_BLOCK_N_D128
-#define FA_FWD_BLOCK_N_D128 128
-#endif
-
-/// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, split between two consumer
-/// warpgroups of 64 rows (the M of one wgmma), \f$B_c\f$ (kBlockN) key rows, and kStages K/V
-/// buffers. Shared memory is Q plus kStages K and V tiles, \f$(B_r + 2 \cdot kStages \cdot
-/// B_c)\, d \cdot 2\f$ bytes: 80 KiB (d = 64) and 160 KiB (d = 128), one thread block per SM.
+/// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, 64 per consumer warpgroup
+/// (the M of one wgmma), \f$B_c\f$ (kBlockN) key rows, and kStages K/V buffers. At d = 128 a
+/// K/V block is 2048 cycles of tensor-core work for 128 rows and 1024 cycles of exponentials
+/// (16 per cycle and SM). At d = 64 the products take half as long and the exponentials as
+/// long as before: a third consumer (192 rows, as FlashAttention-3) gives the K/V block 1.5x
+/// the rows to amortize its loads, barriers and waits over, and the SM a third warpgroup to
+/// run while two wait. Shared memory: two Q tiles, the O staging tile and kStages K and V
+/// tiles, \f$(3 B_r + 2 \cdot kStages \cdot B_c)\, d \cdot 2\f$ bytes: 136 KiB (d = 64) and
+/// 224 KiB (d = 128), one thread block per SM.
 template <int kHeadDim>
 struct TileShape;
 template <>
 struct TileShape<64> {
-  static constexpr int kBlockM = 128, kBlockN = FA_FWD_BLOCK_N_D64, kStages = 2;
+  static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
 };
 template <>
 struct TileShape<128> {
-  static constexpr int kBlockM = 128, kBlockN = FA_FWD_BLOCK_N_D128, kStages = 2;
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
 };
 
 /// Every size the kernel derives from the tile shape, in one place.
-template <int kHeadDim_, int kBlockN_ = TileShape<kHeadDim_>::kBlockN>
+template <int kHeadDim_, int kBlockM_ = TileShape<kHeadDim_>::kBlockM,
+          int kBlockN_ = TileShape<kHeadDim_>::kBlockN>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = TileShape<kHeadDim>::kBlockM;   ///< \f$B_r\f$, Q rows
+  static constexpr int kBlockM = kBlockM_;                       ///< \f$B_r\f$, Q rows
   static constexpr int kBlockN = kBlockN_;                       ///< \f$B_c\f$, K/V rows
   static constexpr int kStages = TileShape<kHeadDim>::kStages;   ///< K/V buffers in the ring
-  static constexpr int kNumConsumers = 2;                        ///< consumer warpgroups
+  static constexpr int kConsumerRows = 64;                       ///< Q rows of one warpgroup
+  static constexpr int kNumConsumers = kBlockM / kConsumerRows;  ///< consumer warpgroups
   static constexpr int kNumThreads = 128 * (1 + kNumConsumers);  ///< + the producer warpgroup
-  static constexpr int kConsumerRows = kBlockM / kNumConsumers;  ///< Q rows of one warpgroup
   static constexpr int kNumConsumerWarps = 4 * kNumConsumers;    ///< arrivals on "empty"
   static constexpr int kMTiles = 1;                              ///< m16 tiles per warp (16 rows)
   static constexpr int kNTilesS = kBlockN / 8;                   ///< n8 tiles of S (keys)
@@ -92,35 +101,56 @@ struct Traits {
   static constexpr int kPanelBytes = 128;                        ///< one swizzled row of a panel
   static constexpr int kPanelCols = kPanelBytes / 2;             ///< 64 columns of 2-byte types
   static constexpr int kPanels = kHeadDim / kPanelCols;          ///< panels side by side in a tile
+  static constexpr int kQBuffers = 2;  ///< the next tile's Q lands while this one's is read
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kOBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;
   static constexpr int kVBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kTileBytes = kQBytes + kStages * (kKBytes + kVBytes);
-  /// Shared memory asked for: the tiles, the barriers and slack to align the tiles to 1024.
-  static constexpr int kSmemBytes = kTileBytes + 8 * (1 + 4 * kStages) + 1024;
-  static constexpr int kProducerRegs = 24;   ///< registers per producer thread
-  static constexpr int kConsumerRegs = 240;  ///< registers per consumer thread
+  static constexpr int kTileBytes = kQBuffers * kQBytes + kOBytes + kStages * (kKBytes + kVBytes);
+  /// Registers per thread at launch: `__launch_bounds__(kNumThreads, 1)` lets ptxas give each
+  /// thread the 64K-register file's share, rounded down to a multiple of 8 (168 for 384
+  /// threads, 128 for 512). They are the thread block's pool: `setmaxnreg` moves registers
+  /// between its warpgroups and never takes more (a request beyond the pool waits forever).
+  static constexpr int kLaunchRegs = 65536 / kNumThreads / 8 * 8;
+  /// Registers per producer thread (the tile loop needs more than 24), and per consumer
+  /// thread what the pool leaves (a multiple of 8): 232 with two consumers, 160 with three.
+  static constexpr int kProducerRegs = 32;
+  static constexpr int kConsumerRegs =
+      std::min(240, ((1 + kNumConsumers) * kLaunchRegs - kProducerRegs) / kNumConsumers / 8 * 8);
 
-  static_assert(kConsumerRows == 64, "a consumer warpgroup's rows are the M of one wgmma");
+  static_assert(kBlockM % kConsumerRows == 0 && kNumConsumers >= 2 && kNumConsumers <= 3,
+                "two or three consumer warpgroups of 64 rows (the M of one wgmma)");
   static_assert(kMTiles * 16 * 4 == kConsumerRows, "a warp holds 16 rows of the accumulator");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "k16 steps of P V; one wgmma for S");
   static_assert(kHeadDim % kPanelCols == 0, "whole 128-byte panels");
-  static_assert(128 * kProducerRegs + 128 * kNumConsumers * kConsumerRegs <= 65536,
-                "the register file holds every warpgroup's registers");
+  static_assert(kProducerRegs + kNumConsumers * kConsumerRegs <= (1 + kNumConsumers) * kLaunchRegs,
+                "setmaxnreg stays within the registers the thread block was launched with");
 };
 
-/// The shared-memory barriers of one thread block. Each completes one phase per use, and a
-/// wait names the parity of the phase it waits for: buffer s holds K/V blocks j = s,
-/// s + kStages, s + 2 kStages, ..., so block j is phase j / kStages of its barriers, parity
-/// (j / kStages) & 1.
-template <int kStages>
-struct Barriers {
-  uint64_t q_full;            ///< Q has landed (the producer's arrival + the TMA bytes)
-  uint64_t k_full[kStages];   ///< K_j has landed in its buffer
-  uint64_t v_full[kStages];   ///< V_j has landed in its buffer
-  uint64_t k_empty[kStages];  ///< every consumer warp is done reading K_j
-  uint64_t v_empty[kStages];  ///< every consumer warp is done reading V_j
+/// What the thread block's warpgroups share besides the tiles: the barriers, and the tile the
+/// producer announced. Each barrier completes one phase per use, and a wait names the parity
+/// of the phase it waits for. The K/V blocks are counted over the whole life of the thread
+/// block, across tiles: buffer s holds blocks i = s, s + kStages, s + 2 kStages, ..., so block
+/// i is phase i / kStages of its barriers, parity (i / kStages) & 1; the t-th tile of the
+/// thread block uses Q buffer t % 2 and is phase t / 2 of its q_full and q_empty.
+template <class Tr>
+struct SharedState {
+  uint64_t q_full[Tr::kQBuffers];   ///< `tile` is announced and its Q has landed
+  uint64_t q_empty[Tr::kQBuffers];  ///< every consumer warp is done reading the buffer's Q
+  uint64_t k_full[Tr::kStages];     ///< K has landed in the buffer
+  uint64_t v_full[Tr::kStages];     ///< V has landed in the buffer
+  uint64_t k_empty[Tr::kStages];    ///< every consumer warp is done reading K
+  uint64_t v_empty[Tr::kStages];    ///< every consumer warp is done reading V
+  int tile[Tr::kQBuffers];          ///< the tile of the Q buffer (>= num_tiles: none left)
 };
+
+/// Shared memory asked for: the tiles, the shared state and slack to align the tiles to 1024.
+template <class Tr>
+constexpr int smem_bytes() {
+  constexpr int bytes = Tr::kTileBytes + static_cast<int>(sizeof(SharedState<Tr>)) + 1024;
+  static_assert(bytes <= 227 * 1024, "an H100/H200 thread block has at most 227 KiB");
+  return bytes;
+}
 
 // ------------------------------------------------------------------------------------------
 // Shared memory: tiles in 128-byte swizzled panels (the layout of the TMA and of wgmma)
@@ -137,13 +167,64 @@ __device__ __forceinline__ uint32_t swizzle(int row, int chunk) {
 }
 
 // ------------------------------------------------------------------------------------------
+// The work: tiles in step 06's order
+// ------------------------------------------------------------------------------------------
+
+/// One tile: a Q block of one (batch, head), and what the loops derive from it.
+struct Tile {
+  int q_start;           ///< sequence position of the block's first row (< 0: the partial block)
+  int head, head_kv;     ///< query head, and the K/V head it reads (GQA)
+  int batch;             ///< batch index
+  int n_blocks;          ///< K/V blocks it visits (<= 0: its rows see no key)
+  int first_masked_key;  ///< causal: the first key that the block's first row does not see
+};
+
+/// The number of tiles: Q blocks times (batch, head) pairs.
+template <class Tr>
+__device__ __forceinline__ int count_tiles(const fa_fwd_args& args) {
+  return (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM * args.batch * args.heads;
+}
+
+/// Tile number `tile` of the work order that launch() explains: the (batch, head) pairs are
+/// taken in groups of `group_pairs`; inside a group the last Q block of every pair comes
+/// first, then the one before it, and so on. Q block b covers rows
+/// \f$[b B_r - q\_offset, (b + 1) B_r - q\_offset)\f$, with q_offset chosen so that the last
+/// block ends at \f$N_q\f$.
+template <class Tr>
+__device__ __forceinline__ Tile tile_info(const fa_fwd_args& args, int tile, int group_pairs,
+                                          int q_offset) {
+  const int num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int num_pairs = args.batch * args.heads;
+  const int group = tile / (group_pairs * num_q_blocks);
+  const int in_group = tile - group * group_pairs * num_q_blocks;
+  const int pairs_in_group = min(group_pairs, num_pairs - group * group_pairs);
+  const int q_block = num_q_blocks - 1 - in_group / pairs_in_group;  // last Q blocks first
+  const int pair = group * group_pairs + in_group % pairs_in_group;
+  Tile t;
+  t.q_start = q_block * Tr::kBlockM - q_offset;
+  t.head = pair % args.heads;
+  t.head_kv = t.head / (args.heads / args.heads_kv);
+  t.batch = pair / args.heads;
+  t.n_blocks = (args.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  // Under causal masking the block's last row sees keys [0, last_key]: the blocks past the
+  // one that holds last_key are entirely masked, so the loop stops there.
+  t.first_masked_key = t.q_start + args.seqlen_k - args.seqlen_q + 1;  // first row's key_end
+  if (args.causal) {
+    const int last_key =
+        min(t.q_start + Tr::kBlockM, args.seqlen_q) - 1 + args.seqlen_k - args.seqlen_q;
+    t.n_blocks = min(t.n_blocks, (last_key + Tr::kBlockN) / Tr::kBlockN);  // <= 0: no key
+  }
+  return t;
+}
+
+// ------------------------------------------------------------------------------------------
 // The producer: TMA loads of Q and of the K/V ring
 // ------------------------------------------------------------------------------------------
 
 /// Loads rows [row0, row0 + kRows) of one head of a tensor into the tile `smem_tile`: one TMA
 /// per 64-column panel, all counted on barrier `bar`. Coordinates are (column, row, head,
-/// batch); rows at or past the sequence length come in as zeros (a zero V row times a zero
-/// probability stays zero), and never from the next head or batch (the tensor map is 4-D).
+/// batch); rows outside [0, seqlen) come in as zeros (a zero V row times a zero probability
+/// stays zero), and never from another head or batch (the tensor map is 4-D).
 template <class Tr, int kRows>
 __device__ __forceinline__ void load_tile(char* smem_tile, const CUtensorMap* map, uint64_t* bar,
                                           int row0, int head, int batch) {
@@ -153,30 +234,42 @@ __device__ __forceinline__ void load_tile(char* smem_tile, const CUtensorMap* ma
                     head, batch);
 }
 
-/// The producer thread: Q once, then K_j and V_j for j = 0 .. n_blocks - 1 into buffer
-/// j % kStages. Before it refills a buffer it waits on that buffer's "empty" barrier for the
-/// phase of the block that used it last (block j - kStages); the first kStages blocks find
-/// their buffers unused. Each load is one arrival with its byte count on the "full" barrier.
+/// The producer thread's work for one tile: Q into Q buffer b (announced on q_full[b] with the
+/// tile), then K_j and V_j for j = 0 .. n_blocks - 1, the thread block's K/V blocks
+/// kv_iter + j, into K/V buffer (kv_iter + j) % kStages. Before it refills a buffer it waits on
+/// that buffer's "empty" barrier for the phase of the block that used it last (kStages blocks
+/// earlier, maybe in the previous tile); the first kStages blocks of the thread block find their
+/// buffers unused. Each load is one arrival with its byte count on the "full" barrier. A tile whose
+/// rows see no key needs no Q: its q_full[b] phase is the producer's arrival alone.
 template <class Tr>
 __device__ __forceinline__ void load_q_k_v(char* q_tile, char* k_stages, char* v_stages,
-                                           Barriers<Tr::kStages>* bar, const CUtensorMap* tmap_q,
+                                           SharedState<Tr>* sh, const CUtensorMap* tmap_q,
                                            const CUtensorMap* tmap_k, const CUtensorMap* tmap_v,
-                                           int q_start, int head, int head_kv, int batch_q,
-                                           int batch_k, int batch_v, int n_blocks) {
-  fa::mbarrier_arrive_expect_tx(&bar->q_full, Tr::kQBytes);
-  load_tile<Tr, Tr::kBlockM>(q_tile, tmap_q, &bar->q_full, q_start, head, batch_q);
-  for (int kv_block = 0; kv_block < n_blocks; ++kv_block) {
-    const int stage = kv_block % Tr::kStages;
-    const uint32_t reuse_parity = (kv_block / Tr::kStages - 1) & 1;  // block j - kStages
+                                           const fa_fwd_args& args, const Tile& t, int b,
+                                           int kv_iter) {
+  // A tensor whose batch stride is 0 (one batch shared by all) is mapped with one batch.
+  const int batch_q = args.q.batch_stride != 0 ? t.batch : 0;
+  const int batch_k = args.k.batch_stride != 0 ? t.batch : 0;
+  const int batch_v = args.v.batch_stride != 0 ? t.batch : 0;
+  if (t.n_blocks <= 0) {
+    fa::mbarrier_arrive(&sh->q_full[b]);
+    return;
+  }
+  fa::mbarrier_arrive_expect_tx(&sh->q_full[b], Tr::kQBytes);
+  load_tile<Tr, Tr::kBlockM>(q_tile, tmap_q, &sh->q_full[b], t.q_start, t.head, batch_q);
+  for (int kv_block = 0; kv_block < t.n_blocks; ++kv_block) {
+    const int i = kv_iter + kv_block;  // the thread block's K/V block count
+    const int stage = i % Tr::kStages;
+    const uint32_t reuse_parity = (i / Tr::kStages - 1) & 1;  // block i - kStages
     const int kv_start = kv_block * Tr::kBlockN;
-    if (kv_block >= Tr::kStages) fa::mbarrier_wait(&bar->k_empty[stage], reuse_parity);
-    fa::mbarrier_arrive_expect_tx(&bar->k_full[stage], Tr::kKBytes);
-    load_tile<Tr, Tr::kBlockN>(k_stages + stage * Tr::kKBytes, tmap_k, &bar->k_full[stage],
-                               kv_start, head_kv, batch_k);
-    if (kv_block >= Tr::kStages) fa::mbarrier_wait(&bar->v_empty[stage], reuse_parity);
-    fa::mbarrier_arrive_expect_tx(&bar->v_full[stage], Tr::kVBytes);
-    load_tile<Tr, Tr::kBlockN>(v_stages + stage * Tr::kVBytes, tmap_v, &bar->v_full[stage],
-                               kv_start, head_kv, batch_v);
+    if (i >= Tr::kStages) fa::mbarrier_wait(&sh->k_empty[stage], reuse_parity);
+    fa::mbarrier_arrive_expect_tx(&sh->k_full[stage], Tr::kKBytes);
+    load_tile<Tr, Tr::kBlockN>(k_stages + stage * Tr::kKBytes, tmap_k, &sh->k_full[stage], kv_start,
+                               t.head_kv, batch_k);
+    if (i >= Tr::kStages) fa::mbarrier_wait(&sh->v_empty[stage], reuse_parity);
+    fa::mbarrier_arrive_expect_tx(&sh->v_full[stage], Tr::kVBytes);
+    load_tile<Tr, Tr::kBlockN>(v_stages + stage * Tr::kVBytes, tmap_v, &sh->v_full[stage], kv_start,
+                               t.head_kv, batch_v);
   }
 }
 
@@ -350,24 +443,27 @@ __device__ __forceinline__ void accumulate_pv(float (&o_acc)[Tr::kMTiles][Tr::kN
 /// head): reduces each row's partial row_sum over its quad, writes \f$O_i = o_i / \ell_i\f$
 /// and, when args.lse is not null, \f$L_i = c\, m_i + \ln \ell_i\f$ (natural log of the
 /// scaled scores, c = args.scale). A row that saw no key (\f$\ell_i = 0\f$) gets \f$O_i = 0\f$
-/// and \f$L_i = +\infty\f$. O goes through the warpgroup's own rows of the Q tile (its wgmma
-/// are done reading them), in the swizzled panel layout, and leaves with one TMA store per
-/// panel; the TMA drops rows at or past \f$N_q\f$ (a ragged last Q block).
+/// and \f$L_i = +\infty\f$. O goes through the warpgroup's rows of the O staging tile, in the
+/// swizzled panel layout, and leaves with one TMA store per panel; the TMA drops rows outside
+/// \f$[0, N_q)\f$ (a partial Q block). The staging rows are written again only once the
+/// previous tile's store has read them.
 template <class Tr, typename T>
 __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::kNTilesO][4],
                                                 float (&row_max)[Tr::kMTiles][2],
                                                 float (&row_sum)[Tr::kMTiles][2], char* o_stage,
                                                 const CUtensorMap* tmap_o, const fa_fwd_args& args,
-                                                int batch, int head, int q_start, int consumer,
-                                                int wg_tid) {
+                                                const Tile& t, int consumer, int wg_tid) {
   const int seqlen = args.seqlen_q;
-  float* const lse = args.lse == nullptr
-                         ? nullptr
-                         : args.lse + (static_cast<int64_t>(batch) * args.heads + head) * seqlen;
+  float* const lse =
+      args.lse == nullptr
+          ? nullptr
+          : args.lse + (static_cast<int64_t>(t.batch) * args.heads + t.head) * seqlen;
   const int lane = wg_tid % 32;
   const int group = lane / 4, quad = lane % 4;
   const int wg_row0 = consumer * Tr::kConsumerRows;
   const int warp_row0 = wg_row0 + (wg_tid / 32) * 16;
+  if (wg_tid == 0) fa::tma_store_wait_read();  // the previous tile's O has left o_stage
+  fa::named_barrier_sync(1 + consumer, 128);
 #pragma unroll
   for (int mi = 0; mi < Tr::kMTiles; ++mi)
 #pragma unroll
@@ -377,8 +473,9 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
       const int tile_row = warp_row0 + 16 * mi + 8 * h + group;
-      if (lse != nullptr && quad == 0 && q_start + tile_row < seqlen)
-        lse[q_start + tile_row] = sum > 0.f ? row_max[mi][h] * args.scale + logf(sum) : INFINITY;
+      const int row = t.q_start + tile_row;
+      if (lse != nullptr && quad == 0 && row >= 0 && row < seqlen)
+        lse[row] = sum > 0.f ? row_max[mi][h] * args.scale + logf(sum) : INFINITY;
 #pragma unroll
       for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
         const uint32_t packed =
@@ -387,17 +484,17 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
             packed;
       }
     }
-  fa::fence_proxy_async_smem();                     // the TMA reads what the threads wrote
-  fa::named_barrier_sync(1 + consumer, 128);        // the warpgroup's O rows are staged
-  if (wg_tid == 0 && q_start + wg_row0 < seqlen) {  // a box wholly past N_q stores nothing
-    const int batch_o = args.o.batch_stride != 0 ? batch : 0;
+  fa::fence_proxy_async_smem();               // the TMA reads what the threads wrote
+  fa::named_barrier_sync(1 + consumer, 128);  // the warpgroup's O rows are staged
+  const int box_row0 = t.q_start + wg_row0;
+  if (wg_tid == 0 && box_row0 + Tr::kConsumerRows > 0 && box_row0 < seqlen) {  // else: no row
+    const int batch_o = args.o.batch_stride != 0 ? t.batch : 0;
 #pragma unroll
     for (int p = 0; p < Tr::kPanels; ++p)
       fa::tma_store_4d(tmap_o,
                        o_stage + p * Tr::kBlockM * Tr::kPanelBytes + wg_row0 * Tr::kPanelBytes,
-                       p * Tr::kPanelCols, q_start + wg_row0, head, batch_o);
+                       p * Tr::kPanelCols, box_row0, t.head, batch_o);
     fa::tma_store_commit();
-    fa::tma_store_wait_read();  // the shared memory stays valid until the TMA has read it
   }
 }
 
@@ -405,65 +502,44 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
 // The kernel
 // ------------------------------------------------------------------------------------------
 
-/// FlashAttention-2 forward on Hopper, warp-specialized. One thread block per (Q block, head,
-/// batch), in step 06's order (`group_pairs`, see launch()), with three warpgroups: warpgroup
-/// 0 produces (TMA loads of Q and of the K/V ring), warpgroups 1 and 2 consume, each owning
-/// 64 rows of the Q block. Per K/V block j, a consumer waits for K_j, computes
-/// \f$S = Q_w K_j^T\f$ by wgmma, releases K_j, masks, updates its online softmax, waits for
-/// V_j, adds \f$P V_j\f$ by wgmma and releases V_j; its S, softmax statistics and o_acc stay
-/// in registers, as in step 06. The tensor maps describe Q, K, V and O as 4-D tensors
-/// (column, row, head, batch) with 128-byte swizzled boxes (make_tensor_map()).
-template <typename T, int kHeadDim, int kBlockN>
-__global__ void __launch_bounds__(Traits<kHeadDim, kBlockN>::kNumThreads, 1)
+/// FlashAttention-2 forward on Hopper, warp-specialized and persistent. Each thread block
+/// works through tiles (Q blocks of one (batch, head), step 06's order: tile_info()) until
+/// none is left: the first is blockIdx.x, the next ones come from `tile_counter` (launch()
+/// sets it to 0). Warpgroup 0 produces: its thread 0 announces each tile in shared memory and
+/// loads its Q and K/V blocks by TMA. Warpgroups 1 .. kNumConsumers consume, each owning 64
+/// rows of the Q block. Per K/V block j, a consumer waits for K_j, computes
+/// \f$S = Q_w K_j^T\f$ by wgmma, releases K_j (and Q after the last block), masks, updates its
+/// online softmax, waits for V_j, adds \f$P V_j\f$ by wgmma and releases V_j; its S, softmax
+/// statistics and o_acc stay in registers, as in step 06. The tensor maps describe Q, K, V and
+/// O as 4-D tensors (column, row, head, batch) with 128-byte swizzled boxes
+/// (make_tensor_map()).
+template <typename T, int kHeadDim, int kBlockM, int kBlockN>
+__global__ void __launch_bounds__(Traits<kHeadDim, kBlockM, kBlockN>::kNumThreads, 1)
     flash_forward_kernel(const fa_fwd_args args, const __grid_constant__ CUtensorMap tmap_q,
                          const __grid_constant__ CUtensorMap tmap_k,
                          const __grid_constant__ CUtensorMap tmap_v,
                          const __grid_constant__ CUtensorMap tmap_o, const float scale_log2,
-                         const int group_pairs) {
-  using Tr = Traits<kHeadDim, kBlockN>;
+                         const int group_pairs, const int q_offset, int* const tile_counter) {
+  using Tr = Traits<kHeadDim, kBlockM, kBlockN>;
   extern __shared__ char smem_raw[];
   // The 128-byte swizzle repeats every 1024 bytes: the tiles start on a 1024-byte boundary.
   char* const smem = smem_raw + ((1024 - (fa::smem_u32(smem_raw) & 1023)) & 1023);
-  char* const q_tile = smem;
-  char* const k_stages = q_tile + Tr::kQBytes;                  // buffer s at s * kKBytes
+  char* const q_tiles = smem;  // Q buffer b at b * kQBytes
+  char* const o_stage = q_tiles + Tr::kQBuffers * Tr::kQBytes;
+  char* const k_stages = o_stage + Tr::kOBytes;                 // buffer s at s * kKBytes
   char* const v_stages = k_stages + Tr::kStages * Tr::kKBytes;  // buffer s at s * kVBytes
-  auto* const bar = reinterpret_cast<Barriers<Tr::kStages>*>(smem + Tr::kTileBytes);
-
-  // Which (q_block, head, batch) this thread block computes, in the order launch() explains.
-  const int num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-  const int num_pairs = args.batch * args.heads;
-  const int group = blockIdx.x / (group_pairs * num_q_blocks);
-  const int in_group = blockIdx.x - group * group_pairs * num_q_blocks;
-  const int pairs_in_group = min(group_pairs, num_pairs - group * group_pairs);
-  const int q_block = num_q_blocks - 1 - in_group / pairs_in_group;  // last Q blocks first
-  const int pair = group * group_pairs + in_group % pairs_in_group;
-  const int head = pair % args.heads;
-  const int batch = pair / args.heads;
-  const int head_kv = head / (args.heads / args.heads_kv);
-  const int seqlen_q = args.seqlen_q;
-  const int seqlen_k = args.seqlen_k;
-  const int q_start = q_block * Tr::kBlockM;
-  // A tensor whose batch stride is 0 (one batch shared by all) is mapped with one batch.
-  const int batch_q = args.q.batch_stride != 0 ? batch : 0;
-  const int batch_k = args.k.batch_stride != 0 ? batch : 0;
-  const int batch_v = args.v.batch_stride != 0 ? batch : 0;
-
-  int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
-  // Under causal masking the block's last row sees keys [0, last_key]: the blocks past the
-  // one that holds last_key are entirely masked, so the loop stops there.
-  const int first_masked_key = q_start + seqlen_k - seqlen_q + 1;  // first row's key_end
-  if (args.causal) {
-    const int last_key = min(q_start + Tr::kBlockM, seqlen_q) - 1 + seqlen_k - seqlen_q;
-    n_blocks = min(n_blocks, (last_key + Tr::kBlockN) / Tr::kBlockN);  // <= 0: no key
-  }
+  auto* const sh = reinterpret_cast<SharedState<Tr>*>(smem + Tr::kTileBytes);
 
   if (threadIdx.x == 0) {
-    fa::mbarrier_init(&bar->q_full, 1);
+    for (int b = 0; b < Tr::kQBuffers; ++b) {
+      fa::mbarrier_init(&sh->q_full[b], 1);  // the producer's arrival (+ the TMA bytes)
+      fa::mbarrier_init(&sh->q_empty[b], Tr::kNumConsumerWarps);
+    }
     for (int s = 0; s < Tr::kStages; ++s) {
-      fa::mbarrier_init(&bar->k_full[s], 1);  // the producer's arrival (+ the TMA bytes)
-      fa::mbarrier_init(&bar->v_full[s], 1);
-      fa::mbarrier_init(&bar->k_empty[s], Tr::kNumConsumerWarps);  // one arrival per warp
-      fa::mbarrier_init(&bar->v_empty[s], Tr::kNumConsumerWarps);
+      fa::mbarrier_init(&sh->k_full[s], 1);
+      fa::mbarrier_init(&sh->v_full[s], 1);
+      fa::mbarrier_init(&sh->k_empty[s], Tr::kNumConsumerWarps);  // one arrival per warp
+      fa::mbarrier_init(&sh->v_empty[s], Tr::kNumConsumerWarps);
     }
     fa::fence_barrier_init();
   }
@@ -471,78 +547,109 @@ __global__ void __launch_bounds__(Traits<kHeadDim, kBlockN>::kNumThreads, 1)
 
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);  // warp-uniform
   if (warpgroup == 0) {
-    // ---- Producer: one thread issues every load; the other 127 have nothing to do. ----
+    // ---- Producer: one thread announces the tiles and issues every load. ----
     fa::setmaxnreg_dec<Tr::kProducerRegs>();
-    if (threadIdx.x == 0 && n_blocks > 0) {
+    if (threadIdx.x == 0) {
       fa::tma_prefetch_descriptor(&tmap_q);
       fa::tma_prefetch_descriptor(&tmap_k);
       fa::tma_prefetch_descriptor(&tmap_v);
-      load_q_k_v<Tr>(q_tile, k_stages, v_stages, bar, &tmap_q, &tmap_k, &tmap_v, q_start, head,
-                     head_kv, batch_q, batch_k, batch_v, n_blocks);
+      const int num_tiles = count_tiles<Tr>(args);
+      int kv_iter = 0;  // K/V blocks loaded so far
+      for (int tile = blockIdx.x, n = 0;; ++n) {
+        const int b = n % Tr::kQBuffers;  // tile n - 2 used the buffer last: wait till it's read
+        if (n >= Tr::kQBuffers) fa::mbarrier_wait(&sh->q_empty[b], (n / Tr::kQBuffers - 1) & 1);
+        sh->tile[b] = tile;  // published by the arrival on q_full[b] (release)
+        if (tile >= num_tiles) {
+          fa::mbarrier_arrive(&sh->q_full[b]);  // "no tile left"
+          break;
+        }
+        const Tile t = tile_info<Tr>(args, tile, group_pairs, q_offset);
+        load_q_k_v<Tr>(q_tiles + b * Tr::kQBytes, k_stages, v_stages, sh, &tmap_q, &tmap_k, &tmap_v,
+                       args, t, b, kv_iter);
+        kv_iter += max(t.n_blocks, 0);
+        tile = atomicAdd(tile_counter, 1) + gridDim.x;  // the first gridDim.x tiles are taken
+      }
     }
   } else {
-    // ---- Consumers: warpgroup 1 owns rows [0, 64) of the Q block, warpgroup 2 [64, 128). ----
+    // ---- Consumers: warpgroup c + 1 owns rows [64 c, 64 c + 64) of every Q block. ----
     fa::setmaxnreg_inc<Tr::kConsumerRegs>();
     const int consumer = warpgroup - 1;
     const int wg_tid = threadIdx.x % 128;
     const int lane = threadIdx.x % 32;
     const int wg_row0 = consumer * Tr::kConsumerRows;    // this warpgroup's first Q tile row
     const int warp_row0 = wg_row0 + (wg_tid / 32) * 16;  // this warp's first Q tile row
+    const int num_tiles = count_tiles<Tr>(args);
+    int kv_iter = 0;  // K/V blocks consumed so far
 
-    // On-chip state of this warp's rows for the whole K/V loop.
-    float o_acc[Tr::kMTiles][Tr::kNTilesO][4];
-    float row_max[Tr::kMTiles][2];
-    float row_sum[Tr::kMTiles][2];
+    for (int n = 0;; ++n) {
+      const int b = n % Tr::kQBuffers;                             // tile n's Q buffer
+      fa::mbarrier_wait(&sh->q_full[b], (n / Tr::kQBuffers) & 1);  // tile n is announced, Q landed
+      const int tile = sh->tile[b];
+      if (tile >= num_tiles) break;
+      const char* const q_tile = q_tiles + b * Tr::kQBytes;
+      const Tile t = tile_info<Tr>(args, tile, group_pairs, q_offset);
+
+      // On-chip state of this warp's rows for the whole K/V loop.
+      float o_acc[Tr::kMTiles][Tr::kNTilesO][4];
+      float row_max[Tr::kMTiles][2];
+      float row_sum[Tr::kMTiles][2];
 #pragma unroll
-    for (int mi = 0; mi < Tr::kMTiles; ++mi) {
+      for (int mi = 0; mi < Tr::kMTiles; ++mi) {
 #pragma unroll
-      for (int nd = 0; nd < Tr::kNTilesO; ++nd)
+        for (int nd = 0; nd < Tr::kNTilesO; ++nd)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o_acc[mi][nd][e] = 0.f;
+          for (int e = 0; e < 4; ++e) o_acc[mi][nd][e] = 0.f;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        row_max[mi][h] = -INFINITY;
-        row_sum[mi][h] = 0.f;
+        for (int h = 0; h < 2; ++h) {
+          row_max[mi][h] = -INFINITY;
+          row_sum[mi][h] = 0.f;
+        }
       }
-    }
 
-    if (n_blocks > 0) {  // else: sees no key at all (N_q > N_k): O = 0, L = +inf
-      fa::mbarrier_wait(&bar->q_full, 0);
+      if (t.n_blocks <= 0) {  // its rows see no key (N_q > N_k): O = 0, L = +inf
+        if (lane == 0) fa::mbarrier_arrive(&sh->q_empty[b]);  // nor any Q
+      } else {
 #pragma unroll 1
-      for (int kv_block = 0; kv_block < n_blocks; ++kv_block) {
-        const int kv_start = kv_block * Tr::kBlockN;
-        const int stage = kv_block % Tr::kStages;
-        const uint32_t parity = (kv_block / Tr::kStages) & 1;
-        const char* const k_tile = k_stages + stage * Tr::kKBytes;
-        const char* const v_tile = v_stages + stage * Tr::kVBytes;
+        for (int kv_block = 0; kv_block < t.n_blocks; ++kv_block) {
+          const int kv_start = kv_block * Tr::kBlockN;
+          const int i = kv_iter + kv_block;  // the thread block's K/V block count
+          const int stage = i % Tr::kStages;
+          const uint32_t parity = (i / Tr::kStages) & 1;
+          const char* const k_tile = k_stages + stage * Tr::kKBytes;
+          const char* const v_tile = v_stages + stage * Tr::kVBytes;
 
-        float s[Tr::kMTiles][Tr::kNTilesS][4];
-        fa::mbarrier_wait(&bar->k_full[stage], parity);  // K_j has landed
-        compute_scores<Tr, T>(s, q_tile, k_tile, wg_row0);
-        fa::wgmma_wait<0>();
-        fa::fence_operand(s[0]);
-        if (lane == 0) fa::mbarrier_arrive(&bar->k_empty[stage]);  // this warp is done with K_j
-        // Only the blocks that cross the diagonal (some key past the first row's key_end) and
-        // the ragged last block need the mask; all others take the mask-free path.
-        const bool needs_mask = (args.causal && kv_start + Tr::kBlockN > first_masked_key) ||
-                                kv_start + Tr::kBlockN > seqlen_k;
-        if (needs_mask)
-          apply_mask<Tr>(s, q_start + warp_row0 + lane / 4, kv_start, seqlen_q, seqlen_k,
-                         args.causal, lane);
+          float s[Tr::kMTiles][Tr::kNTilesS][4];
+          fa::mbarrier_wait(&sh->k_full[stage], parity);  // K_j has landed
+          compute_scores<Tr, T>(s, q_tile, k_tile, wg_row0);
+          fa::wgmma_wait<0>();
+          fa::fence_operand(s[0]);
+          if (lane == 0) {
+            fa::mbarrier_arrive(&sh->k_empty[stage]);  // this warp is done with K_j
+            if (kv_block == t.n_blocks - 1) fa::mbarrier_arrive(&sh->q_empty[b]);  // and with Q
+          }
+          // Only the blocks that cross the diagonal (some key past the first row's key_end)
+          // and the ragged last block need the mask; all others take the mask-free path.
+          const bool needs_mask = (args.causal && kv_start + Tr::kBlockN > t.first_masked_key) ||
+                                  kv_start + Tr::kBlockN > args.seqlen_k;
+          if (needs_mask)
+            apply_mask<Tr>(s, t.q_start + warp_row0 + lane / 4, kv_start, args.seqlen_q,
+                           args.seqlen_k, args.causal, lane);
 
-        online_softmax<Tr>(s, row_max, row_sum, o_acc, scale_log2);
-        uint32_t p_frag[Tr::kBlockN / 16][4];
-        pack_p<Tr, T>(s, p_frag);
-        fa::mbarrier_wait(&bar->v_full[stage], parity);  // V_j has landed
-        accumulate_pv<Tr, T>(o_acc, p_frag, v_tile);
-        fa::wgmma_wait<0>();
-        fa::fence_operand(o_acc[0]);
-        if (lane == 0) fa::mbarrier_arrive(&bar->v_empty[stage]);  // this warp is done with V_j
+          online_softmax<Tr>(s, row_max, row_sum, o_acc, scale_log2);
+          uint32_t p_frag[Tr::kBlockN / 16][4];
+          pack_p<Tr, T>(s, p_frag);
+          fa::mbarrier_wait(&sh->v_full[stage], parity);  // V_j has landed
+          accumulate_pv<Tr, T>(o_acc, p_frag, v_tile);
+          fa::wgmma_wait<0>();
+          fa::fence_operand(o_acc[0]);
+          if (lane == 0) fa::mbarrier_arrive(&sh->v_empty[stage]);  // this warp is done with V_j
+        }
+        kv_iter += t.n_blocks;
       }
-    }
 
-    store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, q_tile, &tmap_o, args, batch, head, q_start,
-                           consumer, wg_tid);
+      store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, o_stage, &tmap_o, args, t, consumer, wg_tid);
+    }
+    if (wg_tid == 0) fa::tma_store_wait_read();  // the last O has left shared memory
   }
 }
 
@@ -614,22 +721,56 @@ fa_status make_tensor_map(CUtensorMap* map, const char* name, const fa_tensor& t
   return FA_OK;
 }
 
-/// Launches the kernel for one dtype and head dimension: one thread block per (Q block, head,
-/// batch), in a one-dimensional grid whose order the kernel decodes. The (batch, head) pairs
-/// are taken in groups; inside a group the thread blocks start with the last Q block of every
-/// pair, then the one before it, and so on. Under causal masking the last Q blocks do the
-/// most work, so the longest thread blocks start first and the short ones fill the tail of
-/// the grid. A group holds at least 4 waves of resident thread blocks, enough for that order
-/// to balance the SMs, and no more pairs than that, so that the thread blocks that read the
-/// same K and V run at the same time and share them in L2. Without causal masking every
-/// thread block has the same work and a group is one pair: one head's Q blocks run together.
-template <typename T, int kHeadDim, int kBlockN = TileShape<kHeadDim>::kBlockN>
+/// The tuning knobs, read from the environment once, for measured comparisons (the defaults
+/// are the step's choice): `FA_HOPPER_BLOCK_M=128` takes 128-row Q blocks (two consumers) at
+/// d = 64, and with it `FA_HOPPER_BLOCK_N=192` 192-key blocks; `FA_HOPPER_GRID=tiles`
+/// launches one thread block per tile instead of one per SM (no persistence), and
+/// `FA_HOPPER_GRID=n` at most n thread blocks (the tests' way to make every thread block
+/// work through many tiles of a small problem); `FA_HOPPER_ALIGN=start` starts the Q blocks
+/// at row 0 (the partial block last), as step 06 does.
+struct Knobs {
+  bool d64_block_m_128 = false;  ///< FA_HOPPER_BLOCK_M=128
+  bool d64_block_n_192 = false;  ///< FA_HOPPER_BLOCK_N=192 (with 128-row Q blocks)
+  int grid = 0;                  ///< FA_HOPPER_GRID: 0 unset, -1 "tiles", else n
+  bool align_end = true;         ///< not FA_HOPPER_ALIGN=start
+};
+
+/// The knobs of this process.
+const Knobs& knobs() {
+  static const Knobs k = [] {
+    auto env_is = [](const char* name, const char* value) {
+      const char* v = std::getenv(name);
+      return v != nullptr && std::strcmp(v, value) == 0;
+    };
+    Knobs r;
+    r.d64_block_m_128 = env_is("FA_HOPPER_BLOCK_M", "128");
+    r.d64_block_n_192 = env_is("FA_HOPPER_BLOCK_N", "192");
+    const char* grid = std::getenv("FA_HOPPER_GRID");
+    if (grid != nullptr)
+      r.grid = std::strcmp(grid, "tiles") == 0 ? -1 : std::max(0, std::atoi(grid));
+    r.align_end = !env_is("FA_HOPPER_ALIGN", "start");
+    return r;
+  }();
+  return k;
+}
+
+/// Launches the kernel for one dtype and tile shape: a persistent grid of as many thread
+/// blocks as fit on the GPU at once (at most one per tile), which take the tiles in this
+/// order (tile_info()): the (batch, head) pairs in groups; inside a group the last Q block of
+/// every pair first, then the one before it, and so on. Under causal masking the last Q
+/// blocks do the most work, so the longest tiles start first and the short ones fill the
+/// end. A group holds at least 4 waves of resident thread blocks, enough for that order to
+/// balance the SMs, and no more pairs than that, so that the tiles that read the same K and V
+/// run at the same time and share them in L2. Without causal masking every tile has the same
+/// work and a group is one pair: one head's Q blocks run together.
+template <typename T, int kHeadDim, int kBlockM, int kBlockN>
 fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
-  using Tr = Traits<kHeadDim, kBlockN>;
-  const auto kernel = flash_forward_kernel<T, kHeadDim, kBlockN>;
+  using Tr = Traits<kHeadDim, kBlockM, kBlockN>;
+  const auto kernel = flash_forward_kernel<T, kHeadDim, kBlockM, kBlockN>;
+  constexpr int kSmemBytes = smem_bytes<Tr>();
   // More than 48 KiB of dynamic shared memory must be asked for explicitly.
   FA_CUDA_TRY(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   CUtensorMap tmap_q, tmap_k, tmap_v, tmap_o;
   fa_status st = FA_OK;
   if ((st = make_tensor_map<T>(&tmap_q, "q", args.q, args.seqlen_q, args.heads, args.batch,
@@ -643,57 +784,61 @@ fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
     return st;
   const int64_t num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   const int64_t num_pairs = static_cast<int64_t>(args.batch) * args.heads;
-  if (num_q_blocks * num_pairs > INT32_MAX)
-    return fa::set_error(FA_ERR_UNSUPPORTED, "%s: more than 2^31 - 1 thread blocks", FA_STEP_NAME);
+  const int64_t num_tiles = num_q_blocks * num_pairs;
+  if (num_tiles > INT32_MAX / 2)  // the tile counter counts past num_tiles by the grid size
+    return fa::set_error(FA_ERR_UNSUPPORTED, "%s: more than 2^30 Q blocks", FA_STEP_NAME);
+  int device = 0, num_sms = 0, blocks_per_sm = 0;
+  FA_CUDA_TRY(cudaGetDevice(&device));
+  FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, Tr::kNumThreads,
+                                                            kSmemBytes));
+  const int64_t resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
   int64_t group_pairs = 1;
   if (args.causal) {
-    int device = 0, num_sms = 0, blocks_per_sm = 0;
-    FA_CUDA_TRY(cudaGetDevice(&device));
-    FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-    FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
-                                                              Tr::kNumThreads, Tr::kSmemBytes));
-    const int64_t resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
-    const int64_t num_groups = std::max<int64_t>(1, num_q_blocks * num_pairs / (4 * resident));
+    const int64_t num_groups = std::max<int64_t>(1, num_tiles / (4 * resident));
     group_pairs = (num_pairs + num_groups - 1) / num_groups;
   }
-  const dim3 grid(static_cast<unsigned>(num_q_blocks * num_pairs));
+  // The tile counter: one int of the stream's workspace, zeroed in stream order.
+  void* counter = nullptr;
+  if (fa::workspace(sizeof(int), stream, &counter) != cudaSuccess)
+    return fa::set_error(FA_ERR_CUDA, "%s: cannot allocate the tile counter", FA_STEP_NAME);
+  FA_CUDA_TRY(cudaMemsetAsync(counter, 0, sizeof(int), stream));
+  const int64_t num_blocks = knobs().grid < 0    ? num_tiles
+                             : knobs().grid == 0 ? std::min(num_tiles, resident)
+                                                 : std::min<int64_t>(num_tiles, knobs().grid);
+  const dim3 grid(static_cast<unsigned>(num_blocks));
+  const int q_offset =
+      knobs().align_end ? static_cast<int>(num_q_blocks * Tr::kBlockM - args.seqlen_q) : 0;
   constexpr double kLog2e = 1.4426950408889634;
   const float scale_log2 = static_cast<float>(args.scale * kLog2e);
-  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
-      args, tmap_q, tmap_k, tmap_v, tmap_o, scale_log2, static_cast<int>(group_pairs));
+  kernel<<<grid, Tr::kNumThreads, kSmemBytes, stream>>>(args, tmap_q, tmap_k, tmap_v, tmap_o,
+                                                        scale_log2, static_cast<int>(group_pairs),
+                                                        q_offset, static_cast<int*>(counter));
   FA_LAUNCH_TRY();
   return FA_OK;
 }
 
-/// K/V rows per block for a tuning run: FA_HOPPER_BLOCK_N=192 in the environment selects the
-/// 192-key blocks (both head dims, both dtypes), anything else the default of TileShape.
-int tuning_block_n() {
-  static const int block_n = [] {
-    const char* env = std::getenv("FA_HOPPER_BLOCK_N");
-    return env != nullptr && std::atoi(env) == 192 ? 192 : 0;
-  }();
-  return block_n;
-}
-
-/// The step's forward pass: picks the kernel for the dtype and head dimension.
-fa_status forward(const fa_fwd_args& args, cudaStream_t stream) {
-  const bool bf16 = args.dtype == FA_BF16;
-  const bool wide = tuning_block_n() == 192;
+/// The kernel for the head dimension: TileShape's, or the one the tuning knobs ask for.
+template <typename T>
+fa_status forward_typed(const fa_fwd_args& args, cudaStream_t stream) {
   switch (args.head_dim) {
     case 64:
-      if (wide)
-        return bf16 ? launch<__nv_bfloat16, 64, 192>(args, stream)
-                    : launch<__half, 64, 192>(args, stream);
-      return bf16 ? launch<__nv_bfloat16, 64>(args, stream) : launch<__half, 64>(args, stream);
+      if (knobs().d64_block_m_128 && knobs().d64_block_n_192)
+        return launch<T, 64, 128, 192>(args, stream);
+      if (knobs().d64_block_m_128) return launch<T, 64, 128, 128>(args, stream);
+      return launch<T, 64, TileShape<64>::kBlockM, TileShape<64>::kBlockN>(args, stream);
     case 128:
-      if (wide)
-        return bf16 ? launch<__nv_bfloat16, 128, 192>(args, stream)
-                    : launch<__half, 128, 192>(args, stream);
-      return bf16 ? launch<__nv_bfloat16, 128>(args, stream) : launch<__half, 128>(args, stream);
+      return launch<T, 128, TileShape<128>::kBlockM, TileShape<128>::kBlockN>(args, stream);
     default:
       return fa::set_error(FA_ERR_UNSUPPORTED, "%s: head_dim %d is not supported", FA_STEP_NAME,
                            args.head_dim);
   }
+}
+
+/// The step's forward pass: picks the kernel for the dtype.
+fa_status forward(const fa_fwd_args& args, cudaStream_t stream) {
+  return args.dtype == FA_BF16 ? forward_typed<__nv_bfloat16>(args, stream)
+                               : forward_typed<__half>(args, stream);
 }
 
 /// Head dimensions this step was built for.

@@ -1,10 +1,11 @@
 /// \file hopper_blocks.cu
 /// \brief The building blocks of step 09, each checked alone on an sm_90 GPU, so that when
 /// the whole kernel fails the log says which block is wrong: the TMA load of a tile into the
-/// 128-byte swizzled layout (4-D tensor map, padded strides, rows past the sequence zero and
-/// never taken from the next head), \f$S = Q K^T\f$ by wgmma from shared memory (descriptors,
-/// accumulator layout), \f$O = P V\f$ by wgmma with P from registers and V transposed on the
-/// fly, and the epilogue's TMA store (swizzled staging, rows past \f$N_q\f$ dropped, L).
+/// 128-byte swizzled layout (4-D tensor map, padded strides, rows before 0 and past the
+/// sequence zero and never taken from another head), \f$S = Q K^T\f$ by wgmma from shared
+/// memory (descriptors, accumulator layout), \f$O = P V\f$ by wgmma with P from registers and
+/// V transposed on the fly, and the epilogue's TMA store (swizzled staging, rows outside
+/// \f$[0, N_q)\f$ dropped, L), for every tile shape the step compiles.
 ///
 /// It compiles step 09's own kernel.cu into this program and calls its device functions from
 /// small test kernels. Inputs are small multiples of 1/4 and 1/8, so that every product and
@@ -14,11 +15,13 @@
 /// block failed; one line per check).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -111,7 +114,7 @@ __global__ void tma_load_kernel(const __grid_constant__ CUtensorMap map, int row
 }
 
 template <int kHeadDim>
-void test_tma_load() {
+void test_tma_load(std::initializer_list<int> first_rows) {
   using Tr = Traits<kHeadDim>;
   // A padded BSHD tensor: B = 2, N = 100, H = 3; gaps after each head, row and batch.
   const int B = 2, N = 100, H = 3, d = kHeadDim;
@@ -143,7 +146,9 @@ void test_tma_load() {
   const int smem = Tr::kQBytes + 1024;
   CHECK_CUDA(cudaFuncSetAttribute(tma_load_kernel<kHeadDim>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  for (int row0 : {0, 64}) {  // rows 64..191: 36 real rows, then rows past N (zeros)
+  // Rows 64.. : 36 real rows, then rows past N (zeros); rows -40.. : 40 rows before the
+  // sequence (zeros; the first Q block when B_r does not divide N_q), then real rows.
+  for (int row0 : first_rows) {
     const int head = 1, batch = 1;
     tma_load_kernel<kHeadDim><<<1, 128, smem>>>(map, row0, head, batch, out);
     CHECK_CUDA(cudaGetLastError());
@@ -155,7 +160,7 @@ void test_tma_load() {
     for (int r = 0; r < Tr::kBlockM; ++r)
       for (int c = 0; c < d; ++c) {
         const int s = row0 + r;
-        const uint16_t want = s < N ? bits_of<__half>(value(batch, s, head, c)) : 0;
+        const uint16_t want = s >= 0 && s < N ? bits_of<__half>(value(batch, s, head, c)) : 0;
         if (got[r * d + c] != want && bad++ == 0)
           first = "row " + std::to_string(r) + " col " + std::to_string(c) + ": got 0x" +
                   std::to_string(got[r * d + c]) + ", want 0x" + std::to_string(want);
@@ -171,15 +176,14 @@ void test_tma_load() {
 // 2. S = Q K^T (wgmma, both operands from shared memory) and 3. O = P V (P in registers)
 // ------------------------------------------------------------------------------------------
 
-/// Two consumer warpgroups: load Q (kBlockM rows) and K and V (kBlockN rows) by TMA, compute
-/// S = Q K^T with compute_scores() and write it out by the accumulator layout; then O = P V
-/// with pack_p() and accumulate_pv() for P(row, key) = small_value(row * 1000 + key), written
-/// out too.
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(256)
+/// The tile shape's consumer warpgroups: load Q (kBlockM rows) and K and V (kBlockN rows) by
+/// TMA, compute S = Q K^T with compute_scores() and write it out by the accumulator layout;
+/// then O = P V with pack_p() and accumulate_pv() for P(row, key) = small_value(row * 1000 +
+/// key), written out too.
+template <typename T, class Tr>
+__global__ void __launch_bounds__(128 * Tr::kNumConsumers)
     mma_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                const __grid_constant__ CUtensorMap v_map, float* s_out, float* o_out) {
-  using Tr = Traits<kHeadDim>;
   extern __shared__ char smem_raw[];
   char* const q_tile = align_1024(smem_raw);
   char* const k_tile = q_tile + Tr::kQBytes;
@@ -221,13 +225,19 @@ __global__ void __launch_bounds__(256)
   fa::fence_operand(o_acc[0]);
   for (int nd = 0; nd < Tr::kNTilesO; ++nd)
     for (int e = 0; e < 4; ++e)
-      o_out[(row0 + 8 * (e / 2)) * kHeadDim + 8 * nd + col0 + e % 2] = o_acc[0][nd][e];
+      o_out[(row0 + 8 * (e / 2)) * Tr::kHeadDim + 8 * nd + col0 + e % 2] = o_acc[0][nd][e];
 }
 
-template <typename T, int kHeadDim>
+/// A name for a tile shape in the report: "d=64 192x128".
+template <class Tr>
+std::string shape_name() {
+  return "d=" + std::to_string(Tr::kHeadDim) + " " + std::to_string(Tr::kBlockM) + "x" +
+         std::to_string(Tr::kBlockN);
+}
+
+template <typename T, class Tr>
 void test_mma(const char* type_name) {
-  using Tr = Traits<kHeadDim>;
-  const int M = Tr::kBlockM, N = Tr::kBlockN, d = kHeadDim;
+  const int M = Tr::kBlockM, N = Tr::kBlockN, d = Tr::kHeadDim;
   std::vector<float> q(M * d), k(N * d), v(N * d);
   for (int i = 0; i < M * d; ++i) q[i] = small_value(i + 1);
   for (int i = 0; i < N * d; ++i) k[i] = small_value(i + 7777);
@@ -250,7 +260,7 @@ void test_mma(const char* type_name) {
   };
   void *dq = upload(q), *dk = upload(k), *dv = upload(v);
   CUtensorMap q_map, k_map, v_map;
-  const std::string what = std::string(type_name) + " d=" + std::to_string(d);
+  const std::string what = std::string(type_name) + " " + shape_name<Tr>();
   if (make_tensor_map<T>(&q_map, "q", contiguous(dq, M), M, 1, 1, M, d) != FA_OK ||
       make_tensor_map<T>(&k_map, "k", contiguous(dk, N), N, 1, 1, N, d) != FA_OK ||
       make_tensor_map<T>(&v_map, "v", contiguous(dv, N), N, 1, 1, N, d) != FA_OK) {
@@ -261,9 +271,9 @@ void test_mma(const char* type_name) {
   CHECK_CUDA(cudaMalloc(&s_out, M * N * 4));
   CHECK_CUDA(cudaMalloc(&o_out, M * d * 4));
   const int smem = Tr::kQBytes + Tr::kKBytes + Tr::kVBytes + 1024;
-  CHECK_CUDA(cudaFuncSetAttribute(mma_kernel<T, kHeadDim>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  mma_kernel<T, kHeadDim><<<1, 256, smem>>>(q_map, k_map, v_map, s_out, o_out);
+  CHECK_CUDA(
+      cudaFuncSetAttribute(mma_kernel<T, Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  mma_kernel<T, Tr><<<1, 128 * Tr::kNumConsumers, smem>>>(q_map, k_map, v_map, s_out, o_out);
   CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<float> s(M * N), o(M * d);
@@ -306,12 +316,12 @@ void test_mma(const char* type_name) {
 // ------------------------------------------------------------------------------------------
 
 /// o_acc = pattern, row_sum = 1/4 per lane (1 per row), row_max = 0: the epilogue must store
-/// O = pattern and L = 0 for rows [q_start, q_start + 128) below N_q.
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(256)
+/// O = pattern and L = 0 for the rows of [q_start, q_start + kBlockM) inside [0, N_q). It runs
+/// twice, as for two tiles in a row, so that the second waits for the first store.
+template <typename T, class Tr>
+__global__ void __launch_bounds__(128 * Tr::kNumConsumers)
     store_kernel(const __grid_constant__ CUtensorMap o_map, const fa_fwd_args args, int batch,
                  int head, int q_start) {
-  using Tr = Traits<kHeadDim>;
   extern __shared__ char smem_raw[];
   char* const o_stage = align_1024(smem_raw);
   const int consumer = threadIdx.x / 128, wg_tid = threadIdx.x % 128, lane = threadIdx.x % 32;
@@ -321,14 +331,18 @@ __global__ void __launch_bounds__(256)
     for (int e = 0; e < 4; ++e)
       o_acc[0][nd][e] = small_value((row0 + 8 * (e / 2)) * 1000 + 8 * nd + 2 * (lane % 4) + e % 2);
   float row_max[1][2] = {{0.f, 0.f}}, row_sum[1][2] = {{0.25f, 0.25f}};
-  store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, o_stage, &o_map, args, batch, head, q_start,
-                         consumer, wg_tid);
+  Tile t{};
+  t.q_start = q_start;
+  t.head = head;
+  t.batch = batch;
+  for (int rep = 0; rep < 2; ++rep)
+    store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, o_stage, &o_map, args, t, consumer, wg_tid);
+  if (wg_tid == 0) fa::tma_store_wait_read();
 }
 
-template <typename T, int kHeadDim>
-void test_store(const char* type_name) {
-  using Tr = Traits<kHeadDim>;
-  const int B = 2, N = 100, H = 3, d = kHeadDim;
+template <typename T, class Tr>
+void test_store(const char* type_name, std::initializer_list<int> q_starts) {
+  const int B = 2, N = 100, H = 3, d = Tr::kHeadDim;
   fa_tensor t{};
   t.head_stride = d + 8;
   t.row_stride = H * t.head_stride + 16;
@@ -341,7 +355,7 @@ void test_store(const char* type_name) {
   CHECK_CUDA(cudaMalloc(&lse, B * H * N * 4));
   t.ptr = dev;
   CUtensorMap map;
-  const std::string what = std::string(type_name) + " d=" + std::to_string(d);
+  const std::string what = std::string(type_name) + " " + shape_name<Tr>();
   if (make_tensor_map<T>(&map, "o", t, N, H, B, Tr::kConsumerRows, d) != FA_OK) {
     report(false, "epilogue " + what, "make_tensor_map failed");
     return;
@@ -356,14 +370,14 @@ void test_store(const char* type_name) {
   args.scale = 1.f;
   args.o = t;
   args.lse = lse;
-  const int smem = Tr::kQBytes + 1024;
-  CHECK_CUDA(cudaFuncSetAttribute(store_kernel<T, kHeadDim>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int smem = Tr::kOBytes + 1024;
+  CHECK_CUDA(
+      cudaFuncSetAttribute(store_kernel<T, Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int batch = 1, head = 2;
-  for (int q_start : {0, 64}) {
+  for (int q_start : q_starts) {
     CHECK_CUDA(cudaMemset(dev, 0xff, elems * 2));
     CHECK_CUDA(cudaMemset(lse, 0xff, B * H * N * 4));
-    store_kernel<T, kHeadDim><<<1, 256, smem>>>(map, args, batch, head, q_start);
+    store_kernel<T, Tr><<<1, 128 * Tr::kNumConsumers, smem>>>(map, args, batch, head, q_start);
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<uint16_t> got(elems);
@@ -371,7 +385,7 @@ void test_store(const char* type_name) {
     CHECK_CUDA(cudaMemcpy(got.data(), dev, elems * 2, cudaMemcpyDeviceToHost));
     CHECK_CUDA(cudaMemcpy(l.data(), lse, l.size() * 4, cudaMemcpyDeviceToHost));
     std::vector<uint16_t> want(elems, kPoison);
-    for (int r = 0; r < Tr::kBlockM && q_start + r < N; ++r)
+    for (int r = std::max(0, -q_start); r < Tr::kBlockM && q_start + r < N; ++r)
       for (int c = 0; c < d; ++c)
         want[batch * t.batch_stride + (q_start + r) * t.row_stride + head * t.head_stride + c] =
             bits_of<T>(small_value(r * 1000 + c));
@@ -382,7 +396,7 @@ void test_store(const char* type_name) {
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < H; ++h)
         for (int s = 0; s < N; ++s) {
-          const bool written = b == batch && h == head && s >= q_start && s < q_start + 128;
+          const bool written = b == batch && h == head && s >= q_start && s < q_start + Tr::kBlockM;
           const float x = l[(b * H + h) * N + s];
           bad_lse += written ? (x != 0.f) : !std::isnan(x);
         }
@@ -412,15 +426,27 @@ int main() {
     return 0;
   }
   std::printf("GPU: %s\n", prop.name);
-  test_tma_load<64>();
-  test_tma_load<128>();
-  test_mma<__half, 64>("fp16");
-  test_mma<__half, 128>("fp16");
-  test_mma<__nv_bfloat16, 64>("bf16");
-  test_mma<__nv_bfloat16, 128>("bf16");
-  test_store<__half, 64>("fp16");
-  test_store<__half, 128>("fp16");
-  test_store<__nv_bfloat16, 128>("bf16");
+  test_tma_load<64>({0, 64});
+  test_tma_load<128>({0, 64});
+  // Every tile shape forward() can pick: the defaults and the tuning knobs' (launch()).
+  test_mma<__half, Traits<64, 192, 128>>("fp16");
+  test_mma<__half, Traits<64, 128, 128>>("fp16");
+  test_mma<__half, Traits<64, 128, 192>>("fp16");
+  test_mma<__half, Traits<128, 128, 128>>("fp16");
+  test_mma<__nv_bfloat16, Traits<64, 192, 128>>("bf16");
+  test_mma<__nv_bfloat16, Traits<128, 128, 128>>("bf16");
+  test_store<__half, Traits<64, 192, 128>>("fp16", {0, 64});
+  test_store<__half, Traits<64, 128, 128>>("fp16", {0, 64});
+  test_store<__half, Traits<128, 128, 128>>("fp16", {0, 64});
+  test_store<__nv_bfloat16, Traits<128, 128, 128>>("bf16", {0, 64});
+  // Last, because a TMA that refused them could end the program: boxes that start 40 rows
+  // before row 0 (the first Q block when B_r does not divide N_q). hopper.sh reads this line.
+  std::printf("Boxes that start before row 0:\n");
+  std::fflush(stdout);
+  test_tma_load<64>({-40});
+  test_tma_load<128>({-40});
+  test_store<__half, Traits<64, 192, 128>>("fp16", {-40});
+  test_store<__half, Traits<128, 128, 128>>("fp16", {-40});
   std::printf("%s: %d check(s) failed\n", g_failures ? "FAIL" : "PASS", g_failures);
   return g_failures ? 1 : 0;
 }

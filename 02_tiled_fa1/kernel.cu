@@ -9,8 +9,7 @@
 ///   block's O (fp32, normalized at every block), m and \f$\ell\f$ wait in device memory.
 /// - One fused kernel on tensor cores (mma.sync, ldmatrix, cp.async into two shared-memory
 ///   stages, a swizzled layout); its 4 warps split each K/V block's keys ("split-K").
-/// - FlashAttention-1's grid: per (batch, head), num_splits thread blocks share its Q blocks,
-///   num_splits chosen from the occupancy so that a small batch x heads still fills the GPU.
+/// - FlashAttention-1's grid: num_splits thread blocks per (batch, head), from the occupancy.
 ///
 /// Causal attention: the K/V blocks entirely above the diagonal are skipped, as FlashAttention-1's
 /// code skipped them (kv_blocks_seen); every block that is computed is masked.
@@ -42,14 +41,14 @@ namespace {
 #define FA_FWD_BLOCK_N_D64 128
 #endif
 #ifndef FA_FWD_BLOCK_N_D128
-#define FA_FWD_BLOCK_N_D128 64
+#define FA_FWD_BLOCK_N_D128 128  // except here: FlashAttention-1's (NOTES.md)
 #endif
 
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
 /// rows, kNumWarps warps. The 4 warps split the \f$B_c\f$ keys and share all \f$B_r\f$ rows.
 /// Shared memory holds Q, K and V (two stages of the one the inner loop streams), the fp32
 /// o_acc (\f$B_r (d + 8) \cdot 4\f$ bytes, which keeps \f$B_r\f$ small: 64 rows at d = 128
-/// would not fit) and the warps' row statistics: 68 KiB (d = 64) and 66 KiB
+/// would not fit) and the warps' row statistics: 68 KiB (d = 64) and 98 KiB
 /// (d = 128). That fits every sm_80+ GPU (at most 99 KiB per thread block on sm_86/sm_89);
 /// 2 or more thread blocks share an SM on the H100/H200 (`__launch_bounds__` tells ptxas).
 template <int kHeadDim>
@@ -474,8 +473,7 @@ __device__ __forceinline__ void load_row_stats(float (&row_max)[Tr::kMTiles][2],
     }
 }
 
-/// Lines 12 (the write) and 13: o_acc (fp32), m and \f$\ell\f$ of rows [row0, row0 + kBlockM)
-/// back to device memory, after a barrier (every warp's adds are done); not rows >= `seqlen`.
+/// Lines 12-13: o_acc (fp32), m and \f$\ell\f$ of rows [row0, min(row0 + kBlockM, seqlen)) to HBM.
 template <class Tr>
 __device__ __forceinline__ void store_o_m_l(const float* o_acc,
                                             const float (&row_max)[Tr::kMTiles][2],
@@ -626,9 +624,9 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, 2)  // 2 per SM
 
   const int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
   const int my_q_blocks = (num_q_blocks - split + num_splits - 1) / num_splits;
-  const int n_pairs = n_blocks * my_q_blocks;  // pair t: K/V block t / my_q_blocks, Q block
+  const int n_pairs = n_blocks * my_q_blocks;  // t: (K/V block t / my_q_blocks, Q at q_row0(t))
   const auto q_row0 = [&](int t) { return (split + t % my_q_blocks * num_splits) * Tr::kBlockM; };
-  const auto next_pair = [&](int t) {  // from row q_row0(t); the next pair not skipped
+  const auto next_pair = [&](int t) {  // the next pair after t that causal masking keeps
     while (++t < n_pairs && t / my_q_blocks >= kv_blocks_seen<Tr>(args, q_row0(t))) continue;
     return t;
   };

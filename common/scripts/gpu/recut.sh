@@ -14,8 +14,9 @@
 #      each of 03..06 >= 0.97x the step before;
 #   3. the variants, each a copy of a step's kernel.cu built with one switch and registered as an
 #      extra step (FA_LAB_DIRS), benched beside 01-06 in one process:
-#        02/03/04 with B_c = 128 at d = 128 (`_bn128`, FlashAttention-1's key tile at d = 128;
-#        03 and 04 then need 154 KiB of shared memory),
+#        02 with B_c = 64 at d = 128 (`_bn64`: 03's tile; 02's default is FlashAttention-1's 128),
+#        03/04 with B_c = 128 at d = 128 (`_bn128`: 02's tile; they then need 154 KiB of shared
+#        memory),
 #        02/03/04 without the minimum of 2 thread blocks per SM in __launch_bounds__ (`_lb0`),
 #        05 without its riders (`_bm64`: 64-row Q blocks; `_noskip`: FA_RESCALE_SKIP=0; both);
 #      at d = 128 every seqlen of the sweep, at d = 64 seqlen 1024, 4096, 16384; then the chain
@@ -77,9 +78,9 @@ lb0='s/__launch_bounds__(Traits<kHeadDim>::kNumThreads, 2)/__launch_bounds__(Tra
 v02=02_tiled_fa1 v03=03_loop_swap v04=04_deferred_rescale v05=05_split_q
 if [ "$do_variants" = 1 ]; then
   labs=""
-  labs+=$(variant ${v02}_bn128 $v02 "" FA_FWD_BLOCK_N_D128=128)
+  labs+=$(variant ${v02}_bn64 $v02 "" FA_FWD_BLOCK_N_D128=64)
   labs+=$(variant ${v02}_lb0 $v02 "$lb0")
-  labs+=$(variant ${v02}_bn128_lb0 $v02 "$lb0" FA_FWD_BLOCK_N_D128=128)
+  labs+=$(variant ${v02}_bn64_lb0 $v02 "$lb0" FA_FWD_BLOCK_N_D128=64)
   labs+=$(variant ${v03}_bn128 $v03 "" FA_FWD_BLOCK_N_D128=128)
   labs+=$(variant ${v03}_lb0 $v03 "$lb0")
   labs+=$(variant ${v04}_bn128 $v04 "" FA_FWD_BLOCK_N_D128=128)
@@ -132,7 +133,7 @@ if [ "$do_variants" = 1 ]; then
   else
     stamp "3a. d = 128, every seqlen: 01-06 and the 02/03/04 variants"
     vb=$vbuild/bin/bench
-    d128="$steps,${v02}_bn128,${v02}_lb0,${v02}_bn128_lb0,${v03}_bn128,${v03}_lb0"
+    d128="$steps,${v02}_bn64,${v02}_lb0,${v02}_bn64_lb0,${v03}_bn128,${v03}_lb0"
     d128+=",${v04}_bn128,${v04}_lb0"
     "$vb" --steps "$d128" --direction fwd --head-dims 128 --warmup 2 --repeats 5 \
       --check-rows 16 --out "$work/variants_d128.json" > "$work/variants_d128.txt" 2>&1
@@ -153,9 +154,9 @@ if [ "$do_variants" = 1 ]; then
       $report chain "$work/variants_d128.json" "$steps"
       echo "--- d = 128: the chain for every choice of variants"
       $report whatif "$work/variants_d128.json" \
-        "$v02=${v02}_bn128,${v02}_lb0,${v02}_bn128_lb0;$v03=${v03}_bn128,${v03}_lb0;$v04=${v04}_bn128,${v04}_lb0"
+        "$v02=${v02}_bn64,${v02}_lb0,${v02}_bn64_lb0;$v03=${v03}_bn128,${v03}_lb0;$v04=${v04}_bn128,${v04}_lb0"
       $report ratios "$work/variants_d128.json" \
-        "$v02=${v02}_bn128,${v02}_lb0,${v02}_bn128_lb0;$v03=${v03}_bn128,${v03}_lb0;$v04=${v04}_bn128,${v04}_lb0"
+        "$v02=${v02}_bn64,${v02}_lb0,${v02}_bn64_lb0;$v03=${v03}_bn128,${v03}_lb0;$v04=${v04}_bn128,${v04}_lb0"
       echo "--- d = 64"
       $report chain "$work/variants_d64.json" "$steps"
       $report whatif "$work/variants_d64.json" "$v02=${v02}_lb0;$v03=${v03}_lb0;$v04=${v04}_lb0"

@@ -8,7 +8,8 @@
     recut_report.py ratios BENCH.json BASE=V1,V2;BASE2=...   variant / default, shape by shape
     recut_report.py riders BENCH.json OUT.md       the 05 riders as a Markdown block for its README
     recut_report.py agree COMPARE.json BENCH.json  bench vs compare.py per step and shape (issue:
-                                                   within 5%), and 06 / PyTorch FLASH
+                                                   within 5%; BENCH.json "-": none), and
+                                                   06 / PyTorch FLASH
     recut_report.py regs BUILD.log                 registers and spills per kernel, from ptxas -v
 
 Python 3 standard library only. Prints plain text; exit status 0 unless an input is unreadable.
@@ -149,8 +150,9 @@ def cmd_riders(path, out_md):
 
 def cmd_agree(cmp_path, bench_path):
     rows = json.load(open(cmp_path))["results"]
-    bench = {(r["step"], r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r
-             for r in json.load(open(bench_path))["results"] if r["direction"] == "fwd"}
+    bench = {} if bench_path == "-" else {
+        (r["step"], r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r
+        for r in json.load(open(bench_path))["results"] if r["direction"] == "fwd"}
     flash = {(r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r["tflops"] for r in rows
              if r["impl"] == "sdpa_flash" and r["direction"] == "fwd" and not r.get("error")}
     print("bench vs compare.py, same step and shape (issue: within 5%); step / FLASH (06: issue "
@@ -162,7 +164,7 @@ def cmd_agree(cmp_path, bench_path):
             continue
         key = (r["impl"], r["head_dim"], bool(r["causal"]), r["seqlen_q"])
         b = bench.get(key)
-        if not any(k[0] == key[0] for k in bench):
+        if bench and not any(k[0] == key[0] for k in bench):
             continue
         f = flash.get(key[1:])
         vs = "%.2fx" % (r["tflops"] / f) if f else "-"
@@ -176,6 +178,16 @@ def cmd_agree(cmp_path, bench_path):
             key[0], key[1], key[2], key[3], b["median_ms"], r["median_ms"], ratio, vs,
             " !" if abs(ratio - 1) > 0.05 else ""))
     print("largest bench/compare.py disagreement: %.1f%%" % (100 * worst))
+    ratios = {}  # causal -> [(06 / FLASH, shape)]
+    for r in rows:
+        f = flash.get((r["head_dim"], bool(r["causal"]), r["seqlen_q"]))
+        if r["impl"] == "06_causal_skip" and r["direction"] == "fwd" and f and r["seqlen_q"] >= 1024:
+            ratios.setdefault(bool(r["causal"]), []).append(
+                (r["tflops"] / f, "d=%d N=%d" % (r["head_dim"], r["seqlen_q"])))
+    print("06 / FLASH, N >= 1024: " + "; ".join(
+        "%s min %.3f at %s (issue: >= %.2f)" % ("causal" if c else "non-causal", min(v)[0],
+                                              min(v)[1], 1.1 if c else 1.05)
+        for c, v in sorted(ratios.items())))
 
 
 def cmd_regs(log_path):

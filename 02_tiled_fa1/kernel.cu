@@ -9,10 +9,10 @@
 ///   block's O (fp32, normalized at every block), m and \f$\ell\f$ wait in device memory.
 /// - One fused kernel on tensor cores (mma.sync, ldmatrix, cp.async into two shared-memory
 ///   stages, a swizzled layout); its 4 warps split each K/V block's keys ("split-K").
-/// - FlashAttention-1's grid: per (batch, head), num_splits thread blocks share its Q blocks,
-///   num_splits chosen from the occupancy so that a small batch x heads still fills the GPU.
+/// - FlashAttention-1's grid: num_splits thread blocks per (batch, head), from the occupancy.
 ///
-/// Causal attention is done by masking: every block is computed.
+/// Causal attention: the K/V blocks entirely above the diagonal are skipped, as FlashAttention-1's
+/// code skipped them (kv_blocks_seen); every block that is computed is masked.
 ///
 /// Run: `./build/bin/02_tiled_fa1 --seqlen 4096 --head-dim 128`
 #include <cuda_bf16.h>
@@ -41,16 +41,16 @@ namespace {
 #define FA_FWD_BLOCK_N_D64 128
 #endif
 #ifndef FA_FWD_BLOCK_N_D128
-#define FA_FWD_BLOCK_N_D128 64
+#define FA_FWD_BLOCK_N_D128 128  // except here: FlashAttention-1's (NOTES.md)
 #endif
 
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
 /// rows, kNumWarps warps. The 4 warps split the \f$B_c\f$ keys and share all \f$B_r\f$ rows.
-/// Shared memory holds K and V, two stages of Q, the fp32 o_acc (\f$B_r (d + 8) \cdot 4\f$
-/// bytes) and the warps' row statistics: 68 KiB at 64 x 128 (d = 64) and 66 KiB at 32 x 64
+/// Shared memory holds Q, K and V (two stages of the one the inner loop streams), the fp32
+/// o_acc (\f$B_r (d + 8) \cdot 4\f$ bytes, which keeps \f$B_r\f$ small: 64 rows at d = 128
+/// would not fit) and the warps' row statistics: 68 KiB (d = 64) and 98 KiB
 /// (d = 128). That fits every sm_80+ GPU (at most 99 KiB per thread block on sm_86/sm_89);
-/// several thread blocks share an SM on the H100/H200. The shared o_acc keeps \f$B_r\f$ small:
-/// 64 rows at d = 128 would not fit in 99 KiB.
+/// 2 or more thread blocks share an SM on the H100/H200 (`__launch_bounds__` tells ptxas).
 template <int kHeadDim>
 struct TileShape;
 template <>
@@ -270,6 +270,18 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS]
     }
 }
 
+/// The K/V blocks the Q block of rows [q_start, q_start + kBlockM) computes: all, or under
+/// causal masking those up to the one that holds its last row's last key, \f$i + N_k - N_q\f$
+/// (the rest are entirely masked). At least one: a Q block that sees no key writes O = 0.
+template <class Tr>
+__device__ __forceinline__ int kv_blocks_seen(const fa_fwd_args& args, int q_start) {
+  const int n_blocks = (args.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  if (!args.causal) return n_blocks;
+  const int last_key =
+      min(q_start + Tr::kBlockM, args.seqlen_q) - 1 + args.seqlen_k - args.seqlen_q;
+  return min(n_blocks, max(1, (last_key + Tr::kBlockN) / Tr::kBlockN));
+}
+
 /// The online softmax of FlashAttention-2 for one K/V block, per row i of the Q block:
 /// \f[ m_i^{new} = \max(m_i, \max_j S_{ij}),\quad
 ///     \ell_i \leftarrow e^{c (m_i - m_i^{new})} \ell_i + \sum_j P_{ij},\quad
@@ -429,10 +441,9 @@ __device__ __forceinline__ void add_to_o_acc(float* o_acc, const float (&o_scale
       }
 }
 
-/// Algorithm 1, line 8, O part (O, m and \f$\ell\f$ wait in device memory between two K/V blocks):
-/// starts the cp.async copy of rows [row0, row0 + kBlockM) of the fp32 O in device memory into
-/// o_acc (8 threads per 128 contiguous bytes: no bank conflicts). Rows at or past `valid_rows` are
-/// zero-filled, not read: 0 for the first K/V block (line 2).
+/// Algorithm 1, line 8, O part: starts the cp.async copy of rows [row0, row0 + kBlockM) of the
+/// fp32 O in device memory into o_acc (8 threads per 128 contiguous bytes: no bank conflicts).
+/// Rows at or past `valid_rows` are zero-filled, not read: 0 for the first K/V block (line 2).
 template <class Tr>
 __device__ __forceinline__ void load_o_tile_async(float* o_acc, const float* o_hbm, int row0,
                                                   int valid_rows, int tid) {
@@ -464,8 +475,7 @@ __device__ __forceinline__ void load_row_stats(float (&row_max)[Tr::kMTiles][2],
     }
 }
 
-/// Lines 12 (the write) and 13: o_acc (fp32), m and \f$\ell\f$ of rows [row0, row0 + kBlockM)
-/// back to device memory, after a barrier (every warp's adds are done); not rows >= `seqlen`.
+/// Lines 12-13: o_acc (fp32), m and \f$\ell\f$ of rows [row0, min(row0 + kBlockM, seqlen)) to HBM.
 template <class Tr>
 __device__ __forceinline__ void store_o_m_l(const float* o_acc,
                                             const float (&row_max)[Tr::kMTiles][2],
@@ -566,12 +576,13 @@ __device__ __forceinline__ void store_o_and_lse(const float* o_acc,
 
 /// FlashAttention-1 forward (Algorithm 1), warps split K. Thread block (split, head, batch)
 /// takes Q blocks split, split + num_splits, ... of one head. Per pair (K/V block j outer, Q
-/// block i inner): \f$O_i\f$, m, \f$\ell\f$ in from `scratch`, one block of the online softmax
-/// (split-K: row maxima and sums exchanged through shared memory, \f$P_w V_{j,w}\f$ added
-/// into the shared o_acc in 4 rounds), \f$O_i\f$, m, \f$\ell\f$ back out (O and L at the last
-/// j). Two shared-memory stages: the next pair's Q tile loads while this pair is computed.
+/// block i inner, j < kv_blocks_seen(i)): \f$O_i\f$, m, \f$\ell\f$ in from `scratch`, one block
+/// of the online softmax (split-K: row maxima and sums exchanged through shared memory,
+/// \f$P_w V_{j,w}\f$ added into the shared o_acc in 4 rounds), \f$O_i\f$, m, \f$\ell\f$ back
+/// out (O and L at i's last j). Two shared-memory stages: the next pair's Q tile loads while
+/// this pair is computed.
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
+__global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, 2)  // 2 per SM: see TileShape
     flash_forward_kernel(const fa_fwd_args args, const float scale_log2, float* const scratch,
                          const int num_splits) {
   using Tr = Traits<kHeadDim>;
@@ -604,8 +615,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
   const T* const v = static_cast<const T*>(args.v.ptr) + batch * args.v.batch_stride +
                      head_kv * args.v.head_stride;
 
-  // This (batch, head)'s O (fp32), m and l between two K/V blocks, in device memory; each
-  // warp's copy of the current Q block's m and l.
+  // This (batch, head)'s O (fp32), m and l between two K/V blocks, in device memory.
   const int64_t all_rows = static_cast<int64_t>(args.batch) * args.heads * seqlen_q;
   const int64_t first_row = (static_cast<int64_t>(batch) * args.heads + head) * seqlen_q;
   float* const o_hbm = scratch + first_row * Tr::kHeadDim;
@@ -616,6 +626,12 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 
   const int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
   const int my_q_blocks = (num_q_blocks - split + num_splits - 1) / num_splits;
+  const int n_pairs = n_blocks * my_q_blocks;  // t: (K/V block t / my_q_blocks, Q at q_row0(t))
+  const auto q_row0 = [&](int t) { return (split + t % my_q_blocks * num_splits) * Tr::kBlockM; };
+  const auto next_pair = [&](int t) {  // the next pair after t that causal masking keeps
+    while (++t < n_pairs && t / my_q_blocks >= kv_blocks_seen<Tr>(args, q_row0(t))) continue;
+    return t;
+  };
 
   // Prologue: K_0, V_0 and the first Q block (stage 0) in one cp.async group.
   load_tile_async<Tr, Tr::kBlockM>(q_stages, q, args.q.row_stride, split * Tr::kBlockM, seqlen_q,
@@ -624,15 +640,16 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
   load_tile_async<Tr, Tr::kBlockN>(v_tile, v, args.v.row_stride, 0, seqlen_k, tid);
   fa::cp_async_commit();
 
-  // Lines 5 and 7 as one loop: pair t = (K/V block t / my_q_blocks, Q block t % my_q_blocks).
-  for (int t = 0; t < n_blocks * my_q_blocks; ++t) {
+  // Lines 5 and 7 as one loop over the pairs that are kept; `stage` holds pair t's Q block.
+  for (int t = 0, stage = 0, kv_loaded = 0; t < n_pairs; t = next_pair(t), stage ^= 1) {
     const int kv_block = t / my_q_blocks;
     const int kv_start = kv_block * Tr::kBlockN;
-    const int q_start = (split + t % my_q_blocks * num_splits) * Tr::kBlockM;
-    const char* const q_tile = q_stages + (t % 2) * Tr::kStageBytes;
+    const int q_start = q_row0(t);
+    const char* const q_tile = q_stages + stage * Tr::kStageBytes;
     fa::cp_async_wait<0>();
     __syncthreads();  // Q_i has landed; every warp is done with pair t - 1 (its stage, o_acc)
-    if (t > 0 && t % my_q_blocks == 0) {  // line 6: K_j and V_j, for a new round of Q blocks
+    if (kv_block != kv_loaded) {  // line 6: K_j and V_j, for a new round of Q blocks
+      kv_loaded = kv_block;
       load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, kv_start, seqlen_k, tid);
       load_tile_async<Tr, Tr::kBlockN>(v_tile, v, args.v.row_stride, kv_start, seqlen_k, tid);
       fa::cp_async_commit();
@@ -642,20 +659,16 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
     // Line 8 (O_i, m_i, l_i), and the next pair's Q into the stage pair t - 1 left.
     load_o_tile_async<Tr>(o_acc, o_hbm, q_start, kv_block > 0 ? seqlen_q : 0, tid);
     fa::cp_async_commit();
-    if (t + 1 < n_blocks * my_q_blocks) {
-      char* const next = q_stages + ((t + 1) % 2) * Tr::kStageBytes;
-      load_tile_async<Tr, Tr::kBlockM>(next, q, args.q.row_stride,
-                                       (split + (t + 1) % my_q_blocks * num_splits) * Tr::kBlockM,
-                                       seqlen_q, tid);
-    }
+    if (const int next = next_pair(t); next < n_pairs)
+      load_tile_async<Tr, Tr::kBlockM>(q_stages + (stage ^ 1) * Tr::kStageBytes, q,
+                                       args.q.row_stride, q_row0(next), seqlen_q, tid);
     fa::cp_async_commit();  // (possibly empty: the wait for O_i below counts on two groups)
     load_row_stats<Tr>(row_max, row_sum, row_max_hbm, row_sum_hbm, q_start,
                        kv_block > 0 ? seqlen_q : 0, lane);
 
     float s[Tr::kMTiles][Tr::kNTilesS][4];
     compute_scores<Tr, T>(s, q_tile, k_tile, warp_key0, lane);
-    // Under causal masking every block is masked element by element, also the ones above the
-    // diagonal, which come out fully masked (P = 0).
+    // Under causal masking every block that is computed is masked element by element.
     const bool needs_mask = args.causal || kv_start + Tr::kBlockN > seqlen_k;
     if (needs_mask)
       apply_mask<Tr>(s, q_start + lane / 4, kv_start + warp_key0, seqlen_q, seqlen_k, args.causal,
@@ -672,7 +685,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
       accumulate_pv<Tr, T>(pv, s, v_tile, warp_key0, col0, lane);
       add_to_o_acc<Tr>(o_acc, o_scale, p_scale, pv, col0, round, lane);
     }
-    if (kv_block + 1 < n_blocks)  // lines 12-13: O_i, m_i and l_i back to device memory
+    if (kv_block + 1 < kv_blocks_seen<Tr>(args, q_start))  // lines 12-13: O_i, m_i, l_i back to HBM
       store_o_m_l<Tr>(o_acc, row_max, row_sum, o_hbm, row_max_hbm, row_sum_hbm, q_start, seqlen_q,
                       warp, tid);
     else  // line 16 for this Q block: O in the output dtype, and L
@@ -686,9 +699,8 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 // ------------------------------------------------------------------------------------------
 
 /// Launches the kernel for one dtype and head dimension: num_splits thread blocks per (batch,
-/// head), in a one-dimensional grid that the kernel decodes, and the fp32 scratch for O, m and
-/// l (\f$B H N_q (d + 2)\f$ floats, kept between calls by fa::workspace). num_splits follows
-/// FlashAttention-1 (num_splits_heuristic_fwd in fmha_fwd_launch_template.h): the fewest splits
+/// head) in a 1-D grid, and the fp32 scratch for O, m and l (kept by fa::workspace). num_splits
+/// as in FlashAttention-1 (num_splits_heuristic_fwd, fmha_fwd_launch_template.h): the fewest
 /// (at most 30 and the Q block count) whose last wave is within 95% of the fullest possible.
 template <typename T, int kHeadDim>
 fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
@@ -717,8 +729,7 @@ fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   while (efficiency(num_splits) <= 0.95 * best) ++num_splits;
   if (num_splits * num_pairs > INT32_MAX)
     return fa::set_error(FA_ERR_UNSUPPORTED, "%s: more than 2^31 - 1 thread blocks", FA_STEP_NAME);
-  const size_t scratch_bytes =
-      static_cast<size_t>(num_pairs) * args.seqlen_q * (kHeadDim + 2) * sizeof(float);
+  const size_t scratch_bytes = static_cast<size_t>(num_pairs) * args.seqlen_q * (kHeadDim + 2) * 4;
   void* scratch = nullptr;
   const cudaError_t alloc_error = fa::workspace(scratch_bytes, stream, &scratch);
   if (alloc_error == cudaErrorMemoryAllocation)

@@ -11,7 +11,8 @@
 ///
 /// Everything else is step 03, including the logsumexp \f$L = c\, m + \ln \ell\f$ as the
 /// only statistic written (m and \f$\ell\f$ stay on chip since the loop swap).
-/// Causal attention is done by masking: every block is computed.
+/// Causal attention: the K/V blocks entirely above the diagonal are skipped, as FlashAttention-1's
+/// code skipped them (kv_blocks_seen); every block that is computed is masked.
 ///
 /// Run: `./build/bin/04_deferred_rescale --seqlen 4096 --head-dim 128`
 #include <cuda_bf16.h>
@@ -44,11 +45,11 @@ namespace {
 
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
 /// rows, kNumWarps warps. The 4 warps split the \f$B_c\f$ keys and share all \f$B_r\f$ rows.
-/// Shared memory holds Q, two stages of K and V, the fp32 o_acc (\f$B_r (d + 8) \cdot 4\f$
-/// bytes) and the warps' row statistics: 91 KiB at 64 x 128 (d = 64) and 90 KiB at 32 x 64
+/// Shared memory holds Q, K and V (two stages of the one the inner loop streams), the fp32
+/// o_acc (\f$B_r (d + 8) \cdot 4\f$ bytes, which keeps \f$B_r\f$ small: 64 rows at d = 128
+/// would not fit) and the warps' row statistics: 91 KiB (d = 64) and 90 KiB
 /// (d = 128). That fits every sm_80+ GPU (at most 99 KiB per thread block on sm_86/sm_89);
-/// several thread blocks share an SM on the H100/H200. The shared o_acc keeps \f$B_r\f$ small:
-/// 64 rows at d = 128 would not fit in 99 KiB.
+/// 2 or more thread blocks share an SM on the H100/H200 (`__launch_bounds__` tells ptxas).
 template <int kHeadDim>
 struct TileShape;
 template <>
@@ -268,6 +269,18 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS]
     }
 }
 
+/// The K/V blocks the Q block of rows [q_start, q_start + kBlockM) computes: all, or under
+/// causal masking those up to the one that holds its last row's last key, \f$i + N_k - N_q\f$
+/// (the rest are entirely masked). At least one: a Q block that sees no key writes O = 0.
+template <class Tr>
+__device__ __forceinline__ int kv_blocks_seen(const fa_fwd_args& args, int q_start) {
+  const int n_blocks = (args.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  if (!args.causal) return n_blocks;
+  const int last_key =
+      min(q_start + Tr::kBlockM, args.seqlen_q) - 1 + args.seqlen_k - args.seqlen_q;
+  return min(n_blocks, max(1, (last_key + Tr::kBlockN) / Tr::kBlockN));
+}
+
 /// The online softmax of FlashAttention-2 for one K/V block, per row i of the Q block:
 /// \f[ m_i^{new} = \max(m_i, \max_j S_{ij}),\quad
 ///     \ell_i \leftarrow e^{c (m_i - m_i^{new})} \ell_i + \sum_j P_{ij},\quad
@@ -481,7 +494,7 @@ __device__ __forceinline__ void store_o_and_lse(const float* o_acc,
 /// barrier) the thread block starts loading \f$K_{j+1}, V_{j+1}\f$ into the stage that block
 /// j - 1 just left, and they land while block j is computed.
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
+__global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, 2)  // 2 per SM: see TileShape
     flash_forward_kernel(const fa_fwd_args args, const float scale_log2) {
   using Tr = Traits<kHeadDim>;
   extern __shared__ __align__(128) char smem[];
@@ -526,7 +539,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
   for (int i = tid; i < Tr::kBlockM * Tr::kOAccPitch / 4; i += Tr::kNumThreads)
     reinterpret_cast<float4*>(o_acc)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 
-  const int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  const int n_blocks = kv_blocks_seen<Tr>(args, q_start);
 
   // Prologue: Q, K_0 and V_0 in one cp.async group, into stage 0.
   load_tile_async<Tr, Tr::kBlockM>(q_tile, q, args.q.row_stride, q_start, seqlen_q, tid);
@@ -551,8 +564,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 
     float s[Tr::kMTiles][Tr::kNTilesS][4];
     compute_scores<Tr, T>(s, q_tile, k_tile, warp_key0, lane);
-    // Under causal masking every block is masked element by element, also the ones above the
-    // diagonal, which come out fully masked (P = 0).
+    // Under causal masking every block that is computed is masked element by element.
     const bool needs_mask = args.causal || kv_start + Tr::kBlockN > seqlen_k;
     if (needs_mask)
       apply_mask<Tr>(s, q_start + lane / 4, kv_start + warp_key0, seqlen_q, seqlen_k, args.causal,

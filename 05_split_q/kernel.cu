@@ -12,7 +12,8 @@
 ///   row max of the warp grew (`-DFA_RESCALE_SKIP=0` turns that off).
 ///
 /// Everything else is step 04.
-/// Causal attention is done by masking: every block is computed.
+/// Causal attention: the K/V blocks entirely above the diagonal are skipped, as FlashAttention-1's
+/// code skipped them (kv_blocks_seen); every block that is computed is masked.
 ///
 /// Run: `./build/bin/05_split_q --seqlen 4096 --head-dim 128`
 #include <cuda_bf16.h>
@@ -269,6 +270,18 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS]
     }
 }
 
+/// The K/V blocks the Q block of rows [q_start, q_start + kBlockM) computes: all, or under
+/// causal masking those up to the one that holds its last row's last key, \f$i + N_k - N_q\f$
+/// (the rest are entirely masked). At least one: a Q block that sees no key writes O = 0.
+template <class Tr>
+__device__ __forceinline__ int kv_blocks_seen(const fa_fwd_args& args, int q_start) {
+  const int n_blocks = (args.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  if (!args.causal) return n_blocks;
+  const int last_key =
+      min(q_start + Tr::kBlockM, args.seqlen_q) - 1 + args.seqlen_k - args.seqlen_q;
+  return min(n_blocks, max(1, (last_key + Tr::kBlockN) / Tr::kBlockN));
+}
+
 /// The online softmax of FlashAttention-2 for one K/V block, per row i of this warp:
 /// \f[ m_i^{new} = \max(m_i, \max_j S_{ij}),\quad
 ///     \ell_i \leftarrow e^{c (m_i - m_i^{new})} \ell_i + \sum_j P_{ij},\quad
@@ -488,7 +501,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
     }
   }
 
-  const int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  const int n_blocks = kv_blocks_seen<Tr>(args, q_start);
 
   // Prologue: Q, K_0 and V_0 in one cp.async group, into stage 0.
   load_tile_async<Tr, Tr::kBlockM>(q_tile, q, args.q.row_stride, q_start, seqlen_q, tid);
@@ -513,8 +526,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 
     float s[Tr::kMTiles][Tr::kNTilesS][4];
     compute_scores<Tr, T>(s, q_tile, k_tile, warp_row0, lane);
-    // Under causal masking every block is masked element by element, also the ones above the
-    // diagonal, which come out fully masked (P = 0).
+    // Under causal masking every block that is computed is masked element by element.
     const bool needs_mask = args.causal || kv_start + Tr::kBlockN > seqlen_k;
     if (needs_mask)
       apply_mask<Tr>(s, q_start + warp_row0 + lane / 4, kv_start, seqlen_q, seqlen_k, args.causal,

@@ -1,12 +1,9 @@
 /// \file 06_causal_skip/kernel.cu
-/// \brief Step 06: under causal masking, skip the K/V blocks above the diagonal and start the
-/// longest thread blocks first (FlashAttention-2, sec. 3.1.1).
+/// \brief Step 06: under causal masking, mask only the blocks that cross the diagonal and start
+/// the longest thread blocks first (FlashAttention-2, sec. 3.1.1).
 ///
-/// What this step adds to step 05:
-/// - Under causal masking, query row i sees key j only if \f$j \le i + N_k - N_q\f$. A Q
-///   block's last row sets the last key it can see: the K/V loop stops at the block that holds
-///   it, so the blocks entirely above the diagonal are never loaded nor computed. For a square
-///   problem that is about half of all blocks, so the causal forward does about half the work.
+/// What this step adds to step 05, which already skips the K/V blocks entirely above the
+/// diagonal (as FlashAttention-1's code did) but masks every block it computes:
 /// - The mask is applied only where it can change something: on the blocks that cross the
 ///   diagonal (at most \f$\lceil B_r / B_c \rceil + 1\f$ per Q block) and on the ragged last
 ///   block of \f$N_k\f$. Every other block runs the mask-free path.

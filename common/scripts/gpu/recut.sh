@@ -1,24 +1,37 @@
 #!/usr/bin/env bash
 # GPU proof for issue #13 (the re-cut of steps 01-06: one idea per diff). Assumes an already
-# built tree in $FA_BUILD_DIR (default build-gpu, every step, sm_90); writes $OUT/recut.log
-# (plus the raw JSON: recut_bench.json, recut_variants.json, recut_compare.json, and the riders'
-# Markdown table for 05_split_q/README.md: recut_riders.md) and prints a summary at the end. What it runs, in this order (the GPU-light build of the rider
-# variants runs in the background meanwhile):
+# built tree in $FA_BUILD_DIR (default build-gpu, every step, sm_90); writes $OUT/recut.log, the
+# raw JSON (recut_bench.json, recut_variants_d128.json, recut_variants_d64.json,
+# recut_riders.json, recut_compare.json) and the riders' Markdown block for 05_split_q/README.md
+# (recut_riders.md), and prints a summary at the end. The tables come from recut_report.py.
+#
+# What it runs, in this order (the CPU-only build of the variants runs in the background
+# meanwhile, in build-recut-variants):
 #   1. the GPU conformance suite of steps 01-06 (fa_gpu_tests; random problems: 8 per step and
 #      direction, at most 10 s each);
 #   2. the bench sweep of 01-06, forward (16K tokens, hidden 2048, seqlen 512..16384, d 64/128,
-#      causal off/on) and the table of each step's gain over the one before, with the issue's
-#      checks: 02 >= 01, each of 03..06 >= 0.97x the step before;
-#   3. the riders of 05 both ways (FA_FWD_BLOCK_M=64, FA_RESCALE_SKIP=0, both) and 02 with
-#      B_c = 128 at d = 128, built as extra registered steps in build-recut-variants (FA_LAB_DIRS)
-#      and benched side by side with the default 05 and 02 in one process;
-#   4. compare.py: 01-06 and PyTorch's FLASH on the same tensors at N = 2048 and 8192, and the
-#      agreement of bench and compare.py per step and shape (issue: within 5%);
+#      causal off/on), each step's gain over the one before, and the issue's bounds: 02 >= 01,
+#      each of 03..06 >= 0.97x the step before;
+#   3. the variants, each a copy of a step's kernel.cu built with one switch and registered as an
+#      extra step (FA_LAB_DIRS), benched beside 01-06 in one process:
+#        02 with B_c = 64 at d = 128 (`_bn64`: 03's tile; 02's default is FlashAttention-1's 128),
+#        03/04 with B_c = 128 at d = 128 (`_bn128`: 02's tile; they then need 154 KiB of shared
+#        memory),
+#        02/03/04 without the minimum of 2 thread blocks per SM in __launch_bounds__ (`_lb0`),
+#        05 without its riders (`_bm64`: 64-row Q blocks; `_noskip`: FA_RESCALE_SKIP=0; both);
+#      at d = 128 every seqlen of the sweep, at d = 64 seqlen 1024, 4096, 16384; then the chain
+#      01..06 again for every choice of variants (which choice meets the issue's bounds), the
+#      variant / default ratios, the 05 riders' table, registers and spills from ptxas -v;
+#   4. compare.py: 01-06 and PyTorch's FLASH on the same tensors at N = 1024 ... 16384 (06 /
+#      FLASH: issue >= 1.05, causal >= 1.1), and the agreement of bench and compare.py per step
+#      and shape (issue: within 5%);
 #   5. compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on 02-05, memcheck on 01
-#      (common/scripts/sanitize.sh, FA_RANDOM_PROBLEMS=2, budgets 100 s + 40 s; RECUT_SANITIZE=0
-#      skips this part).
-# Expected device time on an H200: about 6 minutes (tests ~1, bench ~2, variants ~0.5,
-# compare.py ~0.5, sanitizers <= 2.3).
+#      (common/scripts/sanitize.sh, FA_RANDOM_PROBLEMS=2, budgets 100 s + 40 s).
+# Knobs: RECUT_SANITIZE=0 skips 5; RECUT_VARIANTS=0 skips 3; RECUT_QUICK=1 is the quick pass:
+# 1, 3 and compare.py's FLASH ratios only (no sweep, no agreement check, no sanitizers).
+# Expected device time on an H200: about 3.5 minutes with RECUT_SANITIZE=0 (tests ~0.5, sweep
+# ~1, variants ~1.5, compare.py ~0.5), 6 minutes in full, 2.5 with RECUT_QUICK=1. Under all.sh
+# give it FA_GPU_LIMIT_recut=420 (full) or 300 (RECUT_SANITIZE=0).
 set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 2
 root=$PWD
@@ -29,44 +42,61 @@ mkdir -p "$out"
 log=$out/recut.log
 : > "$log"
 work=$(mktemp -d /tmp/recut.XXXXXX)
+report="python3 $root/common/scripts/gpu/recut_report.py"
 steps=01_naive,02_tiled_fa1,03_loop_swap,04_deferred_rescale,05_split_q,06_causal_skip
+quick=${RECUT_QUICK:-0}
+do_variants=${RECUT_VARIANTS:-1}
+do_sanitize=${RECUT_SANITIZE:-1}
+[ "$quick" = 1 ] && do_sanitize=0
 say() { echo "$*" | tee -a "$log"; }
 t_start=$SECONDS
 stamp() { say "[$((SECONDS - t_start)) s] $*"; }
 
 [ -x "$build/bin/bench" ] && [ -x "$build/bin/fa_gpu_tests" ] ||
   { say "recut: no built tree in $build (bin/bench, bin/fa_gpu_tests)"; exit 2; }
-say "recut: commit $(git rev-parse --short HEAD 2>/dev/null), build $build"
+say "recut: commit $(git rev-parse --short HEAD 2>/dev/null), build $build, quick=$quick" \
+  "variants=$do_variants sanitize=$do_sanitize"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 |
   head -1 | tee -a "$log"
 
-# --- 0. the rider variants: a small second build in the background (CPU only) ---------------
+# --- 0. the variants: a second build in the background (CPU only) ----------------------------
 vbuild=$root/build-recut-variants
 vsrc=$work/variants
-mkdir -p "$vsrc"
-variant() {  # name source_step definitions...
-  local name=$1 src=$2
-  shift 2
+variant() {  # name source_step sed_expression definitions...
+  local name=$1 src=$2 expr=$3
+  shift 3
   mkdir -p "$vsrc/$name"
-  cp "$root/$src/kernel.cu" "$vsrc/$name/kernel.cu"
-  {
-    echo "fa_add_step($name)"
-    echo "target_compile_definitions(fa_step_$name PRIVATE $*)"
-  } > "$vsrc/$name/CMakeLists.txt"
+  sed -e "${expr:-s/^//}" "$root/$src/kernel.cu" > "$vsrc/$name/kernel.cu"
+  if [ -n "$expr" ] && cmp -s "$root/$src/kernel.cu" "$vsrc/$name/kernel.cu"; then
+    echo "variant $name: the edit '$expr' changed nothing in $src/kernel.cu" | tee -a "$log" >&2
+  fi
+  echo "fa_add_step($name)" > "$vsrc/$name/CMakeLists.txt"
+  [ $# -gt 0 ] && echo "target_compile_definitions(fa_step_$name PRIVATE $*)" \
+    >> "$vsrc/$name/CMakeLists.txt"
   echo -n "$vsrc/$name;"
 }
-labs=""
-labs+=$(variant 05_split_q_bm64 05_split_q FA_FWD_BLOCK_M=64)
-labs+=$(variant 05_split_q_noskip 05_split_q FA_RESCALE_SKIP=0)
-labs+=$(variant 05_split_q_bm64_noskip 05_split_q FA_FWD_BLOCK_M=64 FA_RESCALE_SKIP=0)
-labs+=$(variant 02_tiled_fa1_bn128 02_tiled_fa1 FA_FWD_BLOCK_N_D128=128)
-(
-  cmake -S "$root" -B "$vbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA_BUILD_DOCS=OFF \
-    -DFA_BUILD_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DFA_ONLY_STEPS="02_tiled_fa1;05_split_q" -DFA_LAB_DIRS="${labs%;}" &&
-    nice -n 10 cmake --build "$vbuild" -j 8 --target bench
-) > "$work/variants_build.log" 2>&1 &
-vpid=$!
+lb0='s/__launch_bounds__(Traits<kHeadDim>::kNumThreads, 2)/__launch_bounds__(Traits<kHeadDim>::kNumThreads)/'
+v02=02_tiled_fa1 v03=03_loop_swap v04=04_deferred_rescale v05=05_split_q
+if [ "$do_variants" = 1 ]; then
+  labs=""
+  labs+=$(variant ${v02}_bn64 $v02 "" FA_FWD_BLOCK_N_D128=64)
+  labs+=$(variant ${v02}_lb0 $v02 "$lb0")
+  labs+=$(variant ${v02}_bn64_lb0 $v02 "$lb0" FA_FWD_BLOCK_N_D128=64)
+  labs+=$(variant ${v03}_bn128 $v03 "" FA_FWD_BLOCK_N_D128=128)
+  labs+=$(variant ${v03}_lb0 $v03 "$lb0")
+  labs+=$(variant ${v04}_bn128 $v04 "" FA_FWD_BLOCK_N_D128=128)
+  labs+=$(variant ${v04}_lb0 $v04 "$lb0")
+  labs+=$(variant ${v05}_bm64 $v05 "" FA_FWD_BLOCK_M=64)
+  labs+=$(variant ${v05}_noskip $v05 "" FA_RESCALE_SKIP=0)
+  labs+=$(variant ${v05}_bm64_noskip $v05 "" FA_FWD_BLOCK_M=64 FA_RESCALE_SKIP=0)
+  (
+    cmake -S "$root" -B "$vbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA_BUILD_DOCS=OFF \
+      -DFA_BUILD_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_FLAGS=-Xptxas=-v \
+      -DFA_ONLY_STEPS="${steps//,/;}" -DFA_LAB_DIRS="${labs%;}" &&
+      nice -n 10 cmake --build "$vbuild" -j 8 --target bench
+  ) > "$work/variants_build.log" 2>&1 &
+  vpid=$!
+fi
 
 # --- 1. conformance ---------------------------------------------------------------------------
 filter=""
@@ -81,134 +111,81 @@ grep -B2 -A10 "Failure" "$work/tests.log" | head -60 >> "$log"
 say "conformance rc=$tests_rc"
 
 # --- 2. the bench sweep -----------------------------------------------------------------------
-stamp "2. bench sweep, forward, steps 01-06"
-"$build/bin/bench" --steps "$steps" --direction fwd --warmup 2 --repeats 5 \
-  --out "$work/bench.json" > "$work/bench.txt" 2> "$work/bench_progress.log"
-bench_rc=$?
-say "bench rc=$bench_rc"
-python3 - "$work/bench.json" "$steps" > "$work/bench_summary.txt" 2>&1 << 'EOF'
-import json, sys
-rows = [r for r in json.load(open(sys.argv[1]))["results"] if r["direction"] == "fwd"]
-steps = sys.argv[2].split(",")
-shapes = sorted({(r["head_dim"], r["causal"], r["seqlen_q"]) for r in rows})
-tf = {(r["step"], r["head_dim"], r["causal"], r["seqlen_q"]): r for r in rows}
-print("TFLOP/s (gain over the step before); '!' marks a miss of the issue's bound")
-print("d   causal N      " + " ".join("%-15s" % s[:15] for s in steps))
-misses = []
-for d, c, n in shapes:
-    cells = []
-    for i, s in enumerate(steps):
-        r = tf.get((s, d, c, n))
-        if r is None or r.get("error") or not r.get("passed", False):
-            cells.append("%-15s" % ("FAIL" if r else "-"))
-            misses.append("%s d=%d c=%d N=%d: %s" % (s, d, c, n, r.get("error") if r else "missing"))
-            continue
-        if i == 0:
-            cells.append("%-15s" % ("%.1f" % r["tflops"]))
-            continue
-        p = tf.get((steps[i - 1], d, c, n))
-        g = r["tflops"] / p["tflops"] if p and p["tflops"] > 0 else 0
-        bound = 1.0 if i == 1 else 0.97
-        mark = "!" if g < bound else ""
-        if mark:
-            misses.append("%s / %s = %.2f at d=%d causal=%d N=%d (bound %.2f)"
-                          % (s, steps[i - 1], g, d, c, n, bound))
-        cells.append("%-15s" % ("%.1f (%.2fx)%s" % (r["tflops"], g, mark)))
-    print("%-3d %-6d %-6d " % (d, c, n) + " ".join(cells))
-print("misses: %d" % len(misses))
-for m in misses:
-    print("  " + m)
-EOF
-cat "$work/bench_summary.txt" >> "$log"
+bench_rc=skipped
+if [ "$quick" != 1 ]; then
+  stamp "2. bench sweep, forward, steps 01-06"
+  "$build/bin/bench" --steps "$steps" --direction fwd --warmup 2 --repeats 5 \
+    --out "$work/bench.json" > "$work/bench.txt" 2> "$work/bench_progress.log"
+  bench_rc=$?
+  say "bench rc=$bench_rc"
+  $report chain "$work/bench.json" "$steps" > "$work/bench_summary.txt" 2>&1
+  cat "$work/bench_summary.txt" >> "$log"
+fi
 
-# --- 3. the riders of 05 and 02's d = 128 tile --------------------------------------------------
-stamp "3. rider variants (waiting for their build)"
-wait $vpid
-vrc=$?
-if [ $vrc -ne 0 ]; then
-  say "variant build failed (rc=$vrc):"
-  grep -E "error|Error" "$work/variants_build.log" | head -20 | tee -a "$log"
-else
-  grep -E "spill" "$work/variants_build.log" | sed -E 's/.*function .([^ ]*). (.*)/\1 \2/' |
-    sort -u | head -12 >> "$log"
-  "$vbuild/bin/bench" --steps 05_split_q,05_split_q_bm64,05_split_q_noskip,05_split_q_bm64_noskip,02_tiled_fa1,02_tiled_fa1_bn128 \
-    --direction fwd --seqlens 1024,4096,16384 --warmup 2 --repeats 5 \
-    --out "$work/variants.json" > "$work/variants.txt" 2> "$work/variants_progress.log"
-  say "variant bench rc=$?"
-  python3 - "$work/variants.json" "$out/recut_riders.md" >> "$log" 2>&1 << 'EOF'
-import json, sys
-doc = json.load(open(sys.argv[1]))
-rows = [r for r in doc["results"] if r["direction"] == "fwd"]
-tf = {(r["step"], r["head_dim"], r["causal"], r["seqlen_q"]):
-      (r["tflops"] if r.get("passed") and not r.get("error") else 0.0) for r in rows}
-shapes = sorted({(r["head_dim"], r["causal"], r["seqlen_q"]) for r in rows})
-groups = [("05_split_q", ["05_split_q_bm64", "05_split_q_noskip", "05_split_q_bm64_noskip"]),
-          ("02_tiled_fa1", ["02_tiled_fa1_bn128"])]
-for base, others in groups:
-    print("%s (both riders on) vs the variants: TFLOP/s, and the variant / default ratio" % base)
-    print("d   causal N      %-10s " % "default" + " ".join("%-26s" % o for o in others))
-    for d, c, n in shapes:
-        b = tf.get((base, d, c, n), 0.0)
-        cells = ["%-26s" % ("%.1f (%.2fx)" % (tf.get((o, d, c, n), 0.0),
-                                              tf.get((o, d, c, n), 0.0) / b if b else 0))
-                 for o in others]
-        print("%-3d %-6d %-6d %-10.1f " % (d, c, n, b) + " ".join(cells))
-# The same as a Markdown block for 05_split_q/README.md (between its riders markers).
-gpu, run = doc.get("gpu", {}), doc.get("run", {})
-md = ["Measured on **%s** (%s SMs), commit `%s`, %s, with `%s`: TFLOP/s, fp16, 16K tokens, "
-      "hidden 2048, forward; in brackets the ratio to the default build (both riders on). Each "
-      "variant is this kernel.cu built with the switch set, registered as an extra step "
-      "(`common/scripts/gpu/recut.sh`)." % (gpu.get("name", "?"), gpu.get("sm_count", "?"),
-                                            run.get("commit", "?"), run.get("date", "?"),
-                                            run.get("command", "?")),
-      "", "| d | causal | seqlen | default | `FA_FWD_BLOCK_M=64` | `FA_RESCALE_SKIP=0` | both off |",
-      "|---|---|---|---|---|---|---|"]
-for d, c, n in shapes:
-    b = tf.get(("05_split_q", d, c, n), 0.0)
-    cell = lambda o: "%.1f (%.2fx)" % (tf.get((o, d, c, n), 0.0), tf.get((o, d, c, n), 0.0) / b if b else 0)
-    md.append("| %d | %s | %d | %.1f | %s | %s | %s |" % (d, "yes" if c else "no", n, b,
-              cell("05_split_q_bm64"), cell("05_split_q_noskip"), cell("05_split_q_bm64_noskip")))
-open(sys.argv[2], "w").write("\n".join(md) + "\n")
-EOF
+# --- 3. the variants --------------------------------------------------------------------------
+variants_rc=skipped
+if [ "$do_variants" = 1 ]; then
+  stamp "3. variants (waiting for their build)"
+  wait $vpid
+  variants_rc=$?
+  if [ "$variants_rc" != 0 ]; then
+    say "variant build failed (rc=$variants_rc):"
+    grep -E "error|Error" "$work/variants_build.log" | head -20 | tee -a "$log"
+  else
+    stamp "3a. d = 128, every seqlen: 01-06 and the 02/03/04 variants"
+    vb=$vbuild/bin/bench
+    d128="$steps,${v02}_bn64,${v02}_lb0,${v02}_bn64_lb0,${v03}_bn128,${v03}_lb0"
+    d128+=",${v04}_bn128,${v04}_lb0"
+    "$vb" --steps "$d128" --direction fwd --head-dims 128 --warmup 2 --repeats 5 \
+      --check-rows 16 --out "$work/variants_d128.json" > "$work/variants_d128.txt" 2>&1
+    variants_rc=$?
+    stamp "3b. d = 64, seqlen 1024/4096/16384: 01-06 and the 02/03/04 _lb0 variants"
+    "$vb" --steps "$steps,${v02}_lb0,${v03}_lb0,${v04}_lb0" --direction fwd --head-dims 64 \
+      --seqlens 1024,4096,16384 --warmup 2 --repeats 5 --check-rows 16 \
+      --out "$work/variants_d64.json" > "$work/variants_d64.txt" 2>&1
+    variants_rc="$variants_rc/$?"
+    stamp "3c. the riders of 05"
+    "$vb" --steps "$v05,${v05}_bm64,${v05}_noskip,${v05}_bm64_noskip" --direction fwd \
+      --seqlens 1024,4096,16384 --warmup 2 --repeats 5 --check-rows 16 \
+      --out "$work/riders.json" > "$work/riders.txt" 2>&1
+    variants_rc="$variants_rc/$?"
+    say "variant benches rc=$variants_rc"
+    {
+      echo "--- d = 128: the chain with the defaults (same process as the variants)"
+      $report chain "$work/variants_d128.json" "$steps"
+      echo "--- d = 128: the chain for every choice of variants"
+      $report whatif "$work/variants_d128.json" \
+        "$v02=${v02}_bn64,${v02}_lb0,${v02}_bn64_lb0;$v03=${v03}_bn128,${v03}_lb0;$v04=${v04}_bn128,${v04}_lb0"
+      $report ratios "$work/variants_d128.json" \
+        "$v02=${v02}_bn64,${v02}_lb0,${v02}_bn64_lb0;$v03=${v03}_bn128,${v03}_lb0;$v04=${v04}_bn128,${v04}_lb0"
+      echo "--- d = 64"
+      $report chain "$work/variants_d64.json" "$steps"
+      $report whatif "$work/variants_d64.json" "$v02=${v02}_lb0;$v03=${v03}_lb0;$v04=${v04}_lb0"
+      $report ratios "$work/variants_d64.json" "$v02=${v02}_lb0;$v03=${v03}_lb0;$v04=${v04}_lb0"
+      echo "--- the riders of 05 (Markdown for its README: recut_riders.md)"
+      $report riders "$work/riders.json" "$out/recut_riders.md"
+      echo "--- registers and spills (ptxas -v, sm_90, fp16; bf16 is the same)"
+      $report regs "$work/variants_build.log"
+    } >> "$log" 2>&1
+  fi
 fi
 
 # --- 4. compare.py: FLASH beside the steps, and bench vs compare.py ---------------------------
-stamp "4. compare.py (01-06 + FLASH, N = 2048, 8192)"
+stamp "4. compare.py (01-06 + FLASH, N = 1024-16384)"
 FA_LIB=$build/lib/libfa.so python3 common/python/compare.py --steps "$steps" --backends flash \
-  --seqlens 2048,8192 --head-dims 64,128 --causal 0,1 --directions fwd --warmup 3 --repeats 10 \
+  --seqlens 1024,2048,4096,8192,16384 --head-dims 64,128 --causal 0,1 --directions fwd \
+  --warmup 3 --repeats 10 \
   --out "$work/compare.json" --log-dir "$work/compare_logs" > "$work/compare.txt" 2>&1
-say "compare.py rc=$?"
-python3 - "$work/compare.json" "$work/bench.json" >> "$log" 2>&1 << 'EOF'
-import json, sys
-cmp_rows = json.load(open(sys.argv[1]))["results"]
-bench = {(r["step"], r["head_dim"], r["causal"], r["seqlen_q"]): r
-         for r in json.load(open(sys.argv[2]))["results"] if r["direction"] == "fwd"}
-flash = {(r["head_dim"], r["causal"], r["seqlen_q"]): r["tflops"] for r in cmp_rows
-         if r["impl"] == "sdpa_flash" and r["direction"] == "fwd"}
-print("bench vs compare.py, same step and shape (issue: within 5%); 06 / FLASH (>= 1.05, causal >= 1.1)")
-print("step                 d   causal N      bench ms  compare ms  ratio   vs FLASH")
-worst = 0.0
-for r in cmp_rows:
-    if r["kind"] != "step" or r["direction"] != "fwd":
-        continue
-    key = (r["impl"], r["head_dim"], r["causal"], r["seqlen_q"])
-    b = bench.get(key)
-    if not b or not r.get("median_ms"):
-        continue
-    ratio = b["median_ms"] / r["median_ms"]
-    worst = max(worst, abs(ratio - 1))
-    f = flash.get(key[1:])
-    vs = "%.2fx" % (r["tflops"] / f) if f else "-"
-    mark = " !" if abs(ratio - 1) > 0.05 else ""
-    print("%-20s %-3d %-6d %-6d %-9.3f %-11.3f %-7.3f %s%s" % (key[0], key[1], key[2], key[3],
-          b["median_ms"], r["median_ms"], ratio, vs, mark))
-print("largest bench/compare.py disagreement: %.1f%%" % (100 * worst))
-EOF
+compare_rc=$?
+say "compare.py rc=$compare_rc"
+bench_json=$work/bench.json
+[ -f "$bench_json" ] || bench_json=-
+$report agree "$work/compare.json" "$bench_json" >> "$log" 2>&1
 
 # --- 5. sanitizers ------------------------------------------------------------------------------
 san_rc=skipped
 san01_rc=skipped
-if [ "${RECUT_SANITIZE:-1}" != 0 ]; then
+if [ "$do_sanitize" = 1 ]; then
   stamp "5. compute-sanitizer on 02-05 (4 tools) and 01 (memcheck)"
   FA_BUILD_DIR=$build FA_SANITIZE_STEPS=02_tiled_fa1,03_loop_swap,04_deferred_rescale,05_split_q \
     FA_RANDOM_PROBLEMS=2 FA_SANITIZE_BUDGET=${FA_SANITIZE_BUDGET:-100} \
@@ -235,12 +212,16 @@ stamp "done"
   echo
   echo "=== recut summary ==="
   echo "conformance 01-06: rc=$tests_rc ($(grep -E '^\[  PASSED' "$work/tests.log" | head -1))"
-  grep -E "^misses" "$work/bench_summary.txt" | sed 's/^/bench must-show: /'
-  grep -E "largest bench" "$log" | tail -1
-  echo "sanitizers: rc=$san_rc (02-05), $san01_rc (01)"
+  echo "bench sweep: rc=$bench_rc; $(grep -E '^misses' "$work/bench_summary.txt" 2>/dev/null)"
+  grep -A2 "^every choice of variants" "$log" | grep -E "misses" | sed 's/^ */whatif: /'
+  echo "variants: rc=$variants_rc"
+  grep -E "largest bench|^06 / FLASH" "$log" | tail -2
+  echo "compare.py rc=$compare_rc; sanitizers: rc=$san_rc (02-05), $san01_rc (01)"
   echo "full tables above in $log"
 } | tee -a "$log"
 cp "$work/bench.json" "$out/recut_bench.json" 2>/dev/null
-cp "$work/variants.json" "$out/recut_variants.json" 2>/dev/null
+cp "$work/variants_d128.json" "$out/recut_variants_d128.json" 2>/dev/null
+cp "$work/variants_d64.json" "$out/recut_variants_d64.json" 2>/dev/null
+cp "$work/riders.json" "$out/recut_riders.json" 2>/dev/null
 cp "$work/compare.json" "$out/recut_compare.json" 2>/dev/null
 rm -rf "$work"

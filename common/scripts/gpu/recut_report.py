@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Tables for common/scripts/gpu/recut.sh (issue #13) from the bench's and compare.py's JSON.
+
+    recut_report.py chain BENCH.json STEPS         each step's gain over the one before it,
+                                                   with the issue's bounds (02 >= 01, then >= 0.97x)
+    recut_report.py whatif BENCH.json ALTS         the same chain for every choice of variants:
+                                                   ALTS = "02_tiled_fa1=02_tiled_fa1_bn128,...;03_loop_swap=..."
+    recut_report.py ratios BENCH.json BASE=V1,V2;BASE2=...   variant / default, shape by shape
+    recut_report.py riders BENCH.json OUT.md       the 05 riders as a Markdown block for its README
+    recut_report.py agree COMPARE.json BENCH.json  bench vs compare.py per step and shape (issue:
+                                                   within 5%; BENCH.json "-": none), and
+                                                   06 / PyTorch FLASH
+    recut_report.py regs BUILD.log                 registers and spills per kernel, from ptxas -v
+
+Python 3 standard library only. Prints plain text; exit status 0 unless an input is unreadable.
+"""
+
+import itertools
+import json
+import re
+import sys
+
+CHAIN = ["01_naive", "02_tiled_fa1", "03_loop_swap", "04_deferred_rescale", "05_split_q",
+         "06_causal_skip"]
+
+
+def load_fwd(path):
+    """{(step, d, causal, N): tflops (0 for a failed or errored cell)} and the shapes."""
+    rows = [r for r in json.load(open(path))["results"] if r["direction"] == "fwd"]
+    tf = {}
+    for r in rows:
+        ok = r.get("passed", False) and not r.get("error")
+        tf[(r["step"], r["head_dim"], bool(r["causal"]), r["seqlen_q"])] = r["tflops"] if ok else 0.0
+    shapes = sorted({k[1:] for k in tf})
+    return tf, shapes
+
+
+def bound(i):
+    return 1.0 if i == 1 else 0.97
+
+
+def chain_misses(tf, shapes, steps):
+    """[(ratio / bound, text)] for every link of the chain `steps` (01..06) at every shape."""
+    out = []
+    for d, c, n in shapes:
+        for i in range(1, len(steps)):
+            a, b = tf.get((steps[i - 1], d, c, n)), tf.get((steps[i], d, c, n))
+            if a is None or b is None:
+                continue
+            g = b / a if a > 0 else 0.0
+            out.append((g / bound(i), "%s / %s = %.3f at d=%d causal=%d N=%d (bound %.2f)"
+                        % (steps[i], steps[i - 1], g, d, c, n, bound(i))))
+    return out
+
+
+def cmd_chain(path, steps):
+    tf, shapes = load_fwd(path)
+    steps = steps.split(",")
+    print("TFLOP/s (gain over the step before); '!' marks a miss of the issue's bound")
+    print("d   causal N      " + " ".join("%-15s" % s[:15] for s in steps))
+    for d, c, n in shapes:
+        cells = []
+        for i, s in enumerate(steps):
+            t = tf.get((s, d, c, n))
+            if t is None:
+                cells.append("%-15s" % "-")
+            elif i == 0 or t == 0:
+                cells.append("%-15s" % ("%.1f" % t if t else "FAIL"))
+            else:
+                p = tf.get((steps[i - 1], d, c, n)) or 0
+                g = t / p if p > 0 else 0
+                cells.append("%-15s" % ("%.1f (%.2fx)%s" % (t, g, "!" if g < bound(i) else "")))
+        print("%-3d %-6d %-6d " % (d, c, n) + " ".join(cells))
+    fails = [k for k, v in tf.items() if v == 0]
+    misses = [m for m in chain_misses(tf, shapes, steps) if m[0] < 1]
+    print("failed cells: %d%s" % (len(fails), "".join("\n  %s d=%d causal=%d N=%d" % k for k in fails)))
+    print("misses: %d" % len(misses))
+    for _, text in sorted(misses):
+        print("  " + text)
+
+
+def cmd_whatif(path, alts):
+    """Every combination of the alternatives; the default chain is CHAIN."""
+    tf, shapes = load_fwd(path)
+    choices = []
+    alt = dict(a.split("=", 1) for a in alts.split(";") if a)
+    for s in CHAIN:
+        choices.append([s] + [v for v in alt.get(s, "").split(",") if v])
+    results = []
+    for combo in itertools.product(*choices):
+        if any(not any(k[0] == s for k in tf) for s in combo):
+            continue
+        links = chain_misses(tf, shapes, list(combo))
+        if not links:
+            continue
+        misses = [l for l in links if l[0] < 1]
+        worst = min(links)
+        results.append((len(misses), -worst[0], combo, worst[1]))
+    results.sort()
+    print("every choice of variants (%d), fewest misses first; worst link (ratio / bound):"
+          % len(results))
+    shown = results[:10] + [r for r in results[10:] if list(r[2]) == CHAIN]
+    for n, w, combo, text in shown:
+        picked = [c for c, s in zip(combo, CHAIN) if c != s] or ["defaults"]
+        print("  misses %2d  worst %.3f  %-58s %s" % (n, -w, " ".join(picked), text))
+
+
+def cmd_ratios(path, groups):
+    tf, shapes = load_fwd(path)
+    for g in groups.split(";"):
+        base, others = g.split("=", 1)
+        others = others.split(",")
+        print("%s vs its variants: TFLOP/s (variant / default)" % base)
+        print("d   causal N      %-10s " % "default" + " ".join("%-24s" % o for o in others))
+        for d, c, n in shapes:
+            b = tf.get((base, d, c, n))
+            if b is None or all(tf.get((o, d, c, n)) is None for o in others):
+                continue
+            cells = []
+            for o in others:
+                v = tf.get((o, d, c, n))
+                cells.append("%-24s" % ("-" if v is None else "%.1f (%.2fx)" % (v, v / b if b else 0)))
+            print("%-3d %-6d %-6d %-10.1f " % (d, c, n, b) + " ".join(cells))
+
+
+def cmd_riders(path, out_md):
+    doc = json.load(open(path))
+    tf, shapes = load_fwd(path)
+    gpu, run = doc.get("gpu", {}), doc.get("run", {})
+    md = ["Measured on **%s** (%s SMs), commit `%s`, %s, with `%s`: TFLOP/s, fp16, 16K tokens, "
+          "hidden 2048, forward; in brackets the ratio to the default build (both riders on). "
+          "Each variant is this kernel.cu built with the switch set, registered as an extra step "
+          "(`common/scripts/gpu/recut.sh`)." % (gpu.get("name", "?"), gpu.get("sm_count", "?"),
+                                                run.get("commit", "?"), run.get("date", "?"),
+                                                run.get("command", "?")),
+          "", "| d | causal | seqlen | default | `FA_FWD_BLOCK_M=64` | `FA_RESCALE_SKIP=0` | both off |",
+          "|---|---|---|---|---|---|---|"]
+    for d, c, n in shapes:
+        b = tf.get(("05_split_q", d, c, n))
+        if b is None:
+            continue
+        cell = lambda o: ("%.1f (%.2fx)" % (tf.get((o, d, c, n), 0.0), tf.get((o, d, c, n), 0.0) / b)
+                          if b else "-")
+        md.append("| %d | %s | %d | %.1f | %s | %s | %s |" % (
+            d, "yes" if c else "no", n, b, cell("05_split_q_bm64"), cell("05_split_q_noskip"),
+            cell("05_split_q_bm64_noskip")))
+    open(out_md, "w").write("\n".join(md) + "\n")
+    print("\n".join(md[2:]))
+
+
+def cmd_agree(cmp_path, bench_path):
+    rows = json.load(open(cmp_path))["results"]
+    bench = {} if bench_path == "-" else {
+        (r["step"], r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r
+        for r in json.load(open(bench_path))["results"] if r["direction"] == "fwd"}
+    flash = {(r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r["tflops"] for r in rows
+             if r["impl"] == "sdpa_flash" and r["direction"] == "fwd" and not r.get("error")}
+    print("bench vs compare.py, same step and shape (issue: within 5%); step / FLASH (06: issue "
+          ">= 1.05, causal >= 1.1)")
+    print("step                 d   causal N      bench ms  compare ms  ratio   vs FLASH")
+    worst = 0.0
+    for r in rows:
+        if r.get("kind") != "step" or r["direction"] != "fwd" or not r.get("median_ms"):
+            continue
+        key = (r["impl"], r["head_dim"], bool(r["causal"]), r["seqlen_q"])
+        b = bench.get(key)
+        if bench and not any(k[0] == key[0] for k in bench):
+            continue
+        f = flash.get(key[1:])
+        vs = "%.2fx" % (r["tflops"] / f) if f else "-"
+        if not b or not b.get("median_ms"):
+            print("%-20s %-3d %-6d %-6d %-9s %-11.3f %-7s %s" % (key[0], key[1], key[2], key[3],
+                                                                "-", r["median_ms"], "-", vs))
+            continue
+        ratio = b["median_ms"] / r["median_ms"]
+        worst = max(worst, abs(ratio - 1))
+        print("%-20s %-3d %-6d %-6d %-9.3f %-11.3f %-7.3f %s%s" % (
+            key[0], key[1], key[2], key[3], b["median_ms"], r["median_ms"], ratio, vs,
+            " !" if abs(ratio - 1) > 0.05 else ""))
+    print("largest bench/compare.py disagreement: %.1f%%" % (100 * worst))
+    ratios = {}  # causal -> [(06 / FLASH, shape)]
+    for r in rows:
+        f = flash.get((r["head_dim"], bool(r["causal"]), r["seqlen_q"]))
+        if r["impl"] == "06_causal_skip" and r["direction"] == "fwd" and f and r["seqlen_q"] >= 1024:
+            ratios.setdefault(bool(r["causal"]), []).append(
+                (r["tflops"] / f, "d=%d N=%d" % (r["head_dim"], r["seqlen_q"])))
+    print("06 / FLASH, N >= 1024: " + "; ".join(
+        "%s min %.3f at %s (issue: >= %.2f)" % ("causal" if c else "non-causal", min(v)[0],
+                                              min(v)[1], 1.1 if c else 1.05)
+        for c, v in sorted(ratios.items())))
+
+
+def cmd_regs(log_path):
+    """ptxas -v lines of the kernels, grouped by the object file Ninja was building."""
+    obj, entry, spill, seen = "?", None, "?", []
+    for line in open(log_path, errors="replace"):
+        m = re.search(r"Building CUDA object (\S+)", line)
+        if m:
+            obj = m.group(1)
+        m = re.search(r"Compiling entry function '(\S+)' for '(sm_\w+)'", line)
+        if m:
+            spill = "?"
+            k = re.search(r"flash_forward_kernelI(\w+?)Li(\d+)E", m.group(1))
+            entry = "%s d=%s %s" % ("bf16" if k and "bfloat" in k.group(1) else "fp16",
+                                    k.group(2) if k else "?", m.group(2)) if k else None
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and entry:
+            spill = "%s/%s B spilled" % m.groups()
+        m = re.search(r"Used (\d+) registers", line)
+        if m and entry and "fp16" in entry and "kernel.cu" in obj:
+            name = re.sub(r"/CMakeFiles.*", "", obj).replace("labs/", "")
+            seen.append("%-34s %-18s %3s regs, %s" % (name, entry, m.group(1), spill))
+            entry = None
+    print("\n".join(sorted(set(seen))))
+
+
+def main(argv):
+    if len(argv) < 3:
+        print(__doc__)
+        return 2
+    cmd, args = argv[1], argv[2:]
+    {"chain": cmd_chain, "whatif": cmd_whatif, "ratios": cmd_ratios, "riders": cmd_riders,
+     "agree": cmd_agree, "regs": cmd_regs}[cmd](*args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -102,7 +102,7 @@ fi
 filter=""
 for s in ${steps//,/ }; do filter+="*/$s*:*.$s*:"; done
 stamp "1. GPU conformance suite of $steps"
-FA_RANDOM_PROBLEMS=${FA_RANDOM_PROBLEMS:-8} FA_RANDOM_SECONDS=${FA_RANDOM_SECONDS:-10} \
+FA_RANDOM_PROBLEMS=${FA_RANDOM_PROBLEMS:-10} FA_RANDOM_SECONDS=${FA_RANDOM_SECONDS:-10} \
   "$build/bin/fa_gpu_tests" --gtest_filter="$filter" \
   --gtest_brief=1 > "$work/tests.log" 2>&1
 tests_rc=$?
@@ -188,10 +188,10 @@ san01_rc=skipped
 if [ "$do_sanitize" = 1 ]; then
   stamp "5. compute-sanitizer on 02-05 (4 tools) and 01 (memcheck)"
   FA_BUILD_DIR=$build FA_SANITIZE_STEPS=02_tiled_fa1,03_loop_swap,04_deferred_rescale,05_split_q \
-    FA_RANDOM_PROBLEMS=2 FA_SANITIZE_BUDGET=${FA_SANITIZE_BUDGET:-100} \
+    FA_RANDOM_PROBLEMS=10 FA_SANITIZE_BUDGET=${FA_SANITIZE_BUDGET:-100} \
     bash common/scripts/sanitize.sh "$work/sanitize" > "$work/sanitize.txt" 2>&1
   san_rc=$?
-  FA_BUILD_DIR=$build FA_SANITIZE_STEPS=01_naive FA_SANITIZE_TOOLS=memcheck FA_RANDOM_PROBLEMS=2 \
+  FA_BUILD_DIR=$build FA_SANITIZE_STEPS=01_naive FA_SANITIZE_TOOLS=memcheck FA_RANDOM_PROBLEMS=10 \
     FA_SANITIZE_BUDGET=40 bash common/scripts/sanitize.sh "$work/sanitize01" \
     > "$work/sanitize01.txt" 2>&1
   san01_rc=$?

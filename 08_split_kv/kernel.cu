@@ -35,11 +35,14 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 
 #include "fa/api.h"
 #include "fa/check.cuh"
+#include "fa/env.h"
 #include "fa/mma.cuh"
 #include "fa/step.h"
 
@@ -103,6 +106,16 @@ struct DecodeTileShape {
   static constexpr bool kPackHeads = true;  ///< query heads of a K/V head share the tile
   static constexpr int kBlockN = kHeadDim == 64 ? FA_DECODE_BLOCK_N_D64 : FA_DECODE_BLOCK_N_D128;
 };
+
+#ifdef FA_SPLITKV_TUNING
+/// Candidate decode tiles for one measuring run on the H200 (issue 18): picked at run time
+/// by FA_SPLITKV_TILE=<B_c>x<stages> (fp16, d = 128 only) and measured side by side with the
+/// default by common/scripts/gpu/splitkv_tune.py. This block goes once the run has chosen.
+template <int kBlockN_, int kStages_>
+struct DecodeTileCandidate : DecodeTileShape<128> {
+  static constexpr int kBlockN = kBlockN_, kStages = kStages_;
+};
+#endif
 
 /// Every size the kernel derives from the tile shape, in one place.
 template <int kHeadDim_, class Shape = TileShape<kHeadDim_>>
@@ -673,10 +686,11 @@ __global__ void __launch_bounds__(Tr::kNumThreads)
     const int next_block = kv_block + Tr::kStages - 1;
     if (next_block < kv_end) {  // K and V of block j + kStages - 1 into that stage
       char* const next = kv_stages + (next_block % Tr::kStages) * Tr::kStageBytes;
-      load_tile_async<Tr, Tr::kBlockN>(next, k, args.k.row_stride, next_block * Tr::kBlockN,
+      // (counted from kv_start, as step 06 does: with two stages the loop compiles to its code)
+      const int next_start = kv_start + (Tr::kStages - 1) * Tr::kBlockN;
+      load_tile_async<Tr, Tr::kBlockN>(next, k, args.k.row_stride, next_start, seqlen_k, tid);
+      load_tile_async<Tr, Tr::kBlockN>(next + Tr::kKBytes, v, args.v.row_stride, next_start,
                                        seqlen_k, tid);
-      load_tile_async<Tr, Tr::kBlockN>(next + Tr::kKBytes, v, args.v.row_stride,
-                                       next_block * Tr::kBlockN, seqlen_k, tid);
     }
     fa::cp_async_commit();
     if (warp_idle) continue;
@@ -876,6 +890,31 @@ int choose_num_splits(int64_t tiles, int64_t resident, int n_blocks) {
   return static_cast<int>(std::min<int64_t>({resident / tiles, n_blocks, kMaxSplits}));
 }
 
+/// The number of K/V chunks per Q tile for this call: `FA_NUM_SPLITS` when it is set (1 to
+/// kMaxSplits, at most one chunk per K/V block; a knob for measuring the choice, see the lab),
+/// else choose_num_splits(). An invalid value is an error, not a silent default.
+fa_status num_splits_for(int64_t tiles, int64_t resident, int n_blocks, int* num_splits) {
+  long long forced = 0;
+  std::string error;
+  const fa::EnvStatus st = fa::env_int("FA_NUM_SPLITS", 1, kMaxSplits, &forced, &error);
+  if (st == fa::EnvStatus::kInvalid)
+    return fa::set_error(FA_ERR_INVALID_ARGUMENT, "%s: %s", FA_STEP_NAME, error.c_str());
+  if (st == fa::EnvStatus::kOk) {
+    *num_splits = static_cast<int>(std::min<long long>(forced, n_blocks));
+    return FA_OK;
+  }
+#ifdef FA_SPLITKV_TUNING
+  // Candidate heuristic (issue 18's measuring run): FA_SPLITKV_WAVES=w fills w waves of
+  // resident thread blocks instead of one.
+  long long waves = 1;
+  if (fa::env_int("FA_SPLITKV_WAVES", 1, 16, &waves, &error) == fa::EnvStatus::kInvalid)
+    return fa::set_error(FA_ERR_INVALID_ARGUMENT, "%s: %s", FA_STEP_NAME, error.c_str());
+  resident *= waves;
+#endif
+  *num_splits = choose_num_splits(tiles, resident, n_blocks);
+  return FA_OK;
+}
+
 /// Launches the kernels for one dtype, head dimension and tile shape, with `pack` query heads
 /// in one tile's rows: one thread block per (Q tile, head pack, batch) and K/V chunk, in a
 /// grid whose x order the kernel decodes and whose y is the chunk; then, if the keys were
@@ -910,8 +949,11 @@ fa_status launch(const fa_fwd_args& args, int pack, cudaStream_t stream) {
   // The split of the keys: as many chunks as fill the GPU (choose_num_splits), each a whole
   // number of K/V blocks, none empty.
   const int n_blocks = static_cast<int>((args.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN);
-  SplitKv split{pack, choose_num_splits(num_q_blocks * num_pairs, resident, n_blocks), 0, nullptr,
-                nullptr};
+  SplitKv split{pack, 1, 0, nullptr, nullptr};
+  if (const fa_status st =
+          num_splits_for(num_q_blocks * num_pairs, resident, n_blocks, &split.num_splits);
+      st != FA_OK)
+    return st;
   split.blocks_per_split = (n_blocks + split.num_splits - 1) / split.num_splits;
   split.num_splits = (n_blocks + split.blocks_per_split - 1) / split.blocks_per_split;
   constexpr double kLog2e = 1.4426950408889634;
@@ -963,8 +1005,24 @@ fa_status forward_tile(const fa_fwd_args& args, cudaStream_t stream) {
   const int64_t full_rows = static_cast<int64_t>(args.heads) *
                             ((args.seqlen_q + TileShape<kHeadDim>::kBlockM - 1) /
                              TileShape<kHeadDim>::kBlockM * TileShape<kHeadDim>::kBlockM);
-  if (2 * decode_rows <= full_rows)
+  if (2 * decode_rows <= full_rows) {
+#ifdef FA_SPLITKV_TUNING
+    if constexpr (kHeadDim == 128 && std::is_same<T, __half>::value)
+      if (const char* tile = std::getenv("FA_SPLITKV_TILE")) {
+        const std::string t = tile;
+        const int g = static_cast<int>(group);
+        if (t == "64x3") return launch<T, 128, DecodeTileCandidate<64, 3>>(args, g, stream);
+        if (t == "64x2") return launch<T, 128, DecodeTileCandidate<64, 2>>(args, g, stream);
+        if (t == "32x6") return launch<T, 128, DecodeTileCandidate<32, 6>>(args, g, stream);
+        if (t == "32x3") return launch<T, 128, DecodeTileCandidate<32, 3>>(args, g, stream);
+        if (t != "default")
+          return fa::set_error(FA_ERR_INVALID_ARGUMENT,
+                               "FA_SPLITKV_TILE=%s: expected default, 64x3, 64x2, 32x6 or 32x3",
+                               tile);
+      }
+#endif
     return launch<T, kHeadDim, Decode>(args, static_cast<int>(group), stream);
+  }
   return launch<T, kHeadDim, TileShape<kHeadDim>>(args, 1, stream);
 }
 

@@ -109,12 +109,28 @@ struct DecodeTileShape {
 
 #ifdef FA_SPLITKV_TUNING
 /// Candidate decode tiles for one measuring run on the H200 (issue 18): picked at run time
-/// by FA_SPLITKV_TILE=<B_c>x<stages> (fp16, d = 128 only) and measured side by side with the
-/// default by common/scripts/gpu/splitkv_tune.py. This block goes once the run has chosen.
-template <int kBlockN_, int kStages_>
+/// by FA_SPLITKV_TILE=<B_c>x<stages>[h] (fp16, d = 128 only; h: the K/V loads carry an L2
+/// prefetch hint of 256 bytes) and measured side by side with the default by
+/// common/scripts/gpu/splitkv_tune.py. These blocks go once the run has chosen.
+template <int kBlockN_, int kStages_, bool kL2Hint_ = false>
 struct DecodeTileCandidate : DecodeTileShape<128> {
   static constexpr int kBlockN = kBlockN_, kStages = kStages_;
+  static constexpr bool kL2Hint = kL2Hint_;
 };
+
+/// Whether a tile shape asks for the L2 prefetch hint (only candidates do).
+template <class Shape, class = void>
+struct HasL2Hint : std::false_type {};
+template <class Shape>
+struct HasL2Hint<Shape, std::void_t<decltype(Shape::kL2Hint)>>
+    : std::integral_constant<bool, Shape::kL2Hint> {};
+
+/// cp.async of 16 bytes with the hint that L2 should fetch the whole 256-byte block around
+/// them from memory (PTX .L2::256B): the tuning candidate's load.
+__device__ __forceinline__ void cp_async_16_l2_256(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(fa::smem_u32(smem)),
+               "l"(gmem), "r"(valid ? 16 : 0));
+}
 #endif
 
 /// Every size the kernel derives from the tile shape, in one place.
@@ -126,6 +142,9 @@ struct Traits {
   static constexpr int kNumWarps = Shape::kNumWarps;
   static constexpr int kStages = Shape::kStages;         ///< K/V tiles in the shared-memory ring
   static constexpr bool kPackHeads = Shape::kPackHeads;  ///< else one query head per tile
+#ifdef FA_SPLITKV_TUNING
+  static constexpr bool kL2Hint = HasL2Hint<Shape>::value;  ///< (tuning candidates)
+#endif
   static constexpr int kNumThreads = 32 * kNumWarps;
   static constexpr int kWarpRows = kBlockM / kNumWarps;  ///< Q rows owned by one warp
   static constexpr int kMTiles = kWarpRows / 16;         ///< m16 mma tiles per warp
@@ -184,6 +203,13 @@ __device__ __forceinline__ void load_tile_async(char* smem_tile, const T* gmem, 
   for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
     const bool valid = row + pass * kRowsPerPass < seqlen;
     // An invalid row reads nothing; it still gets an address inside the tensor (row 0).
+#ifdef FA_SPLITKV_TUNING
+    if constexpr (Tr::kL2Hint) {
+      cp_async_16_l2_256(dst + pass * kRowsPerPass * Tr::kRowBytes, valid ? src : gmem, valid);
+      src += kRowsPerPass * row_stride;
+      continue;
+    }
+#endif
     fa::cp_async_16(dst + pass * kRowsPerPass * Tr::kRowBytes, valid ? src : gmem, valid);
     src += kRowsPerPass * row_stride;
   }
@@ -1106,9 +1132,12 @@ fa_status forward_tile(const fa_fwd_args& args, cudaStream_t stream) {
         if (t == "64x2") return launch<T, 128, DecodeTileCandidate<64, 2>>(args, g, stream);
         if (t == "32x6") return launch<T, 128, DecodeTileCandidate<32, 6>>(args, g, stream);
         if (t == "32x3") return launch<T, 128, DecodeTileCandidate<32, 3>>(args, g, stream);
+        if (t == "32x4h") return launch<T, 128, DecodeTileCandidate<32, 4, true>>(args, g, stream);
+        if (t == "64x3h") return launch<T, 128, DecodeTileCandidate<64, 3, true>>(args, g, stream);
         if (t != "default")
           return fa::set_error(FA_ERR_INVALID_ARGUMENT,
-                               "FA_SPLITKV_TILE=%s: expected default, 64x3, 64x2, 32x6 or 32x3",
+                               "FA_SPLITKV_TILE=%s: expected default, 64x3, 64x2, 32x6, 32x3, "
+                               "32x4h or 64x3h",
                                tile);
       }
 #endif

@@ -19,8 +19,8 @@
 #         ctest gpu.conformance.08_split_kv.num_splits_3): the split path and the merge on
 #         every conformance shape; then FA_NUM_SPLITS=0 must be refused;
 #      c. the candidates of the measurements below, which the suite does not cover: the
-#         decode tests of 08 (fp16, d = 128, and 20 random problems) under each
-#         FA_SPLITKV_TILE and under FA_SPLITKV_WAVES=4;
+#         decode tests of 08 (fp16, d = 128, and 12 random problems) under each
+#         FA_SPLITKV_TILE, under FA_SPLITKV_WAVES=4 and under FA_SPLITKV_COMBINE=serial;
 #      d. the decode tests of every other registered step (10 random problems each);
 #      e. compute-sanitizer memcheck, racecheck, synccheck, initcheck on 08: sanitize.sh's
 #         per-step slice plus decode cases that split the keys.
@@ -71,17 +71,20 @@ f08='*/08_split_kv*:*.08_split_kv*'
   grep -q "FA_NUM_SPLITS=0: expected a whole number" "$tmp/split0.log"
   echo $? > "$tmp/split0.rc"
 ) &
-(
-  rc=0
-  for knob in FA_SPLITKV_TILE=64x3 FA_SPLITKV_TILE=64x2 FA_SPLITKV_TILE=32x6 FA_SPLITKV_TILE=32x3 \
-              FA_SPLITKV_WAVES=4; do
-    echo "--- $knob" >> "$tmp/cand.log"
-    env "$knob" FA_DECODE_PROBLEMS=20 timeout 120 "$bin" --gtest_brief=1 \
-      --gtest_filter='Decode/DecodeConformance.*/08_split_kv_fp16_d128*:Decode/DecodeRandom.*/08_split_kv:Decode/DecodeStreams.*/08_split_kv' \
-      >> "$tmp/cand.log" 2>&1 || rc=1
-  done
-  echo $rc > "$tmp/cand.rc"
-) &
+cand_filter='Decode/DecodeConformance.*/08_split_kv_fp16_d128*:Decode/DecodeRandom.*/08_split_kv:Decode/DecodeStreams.*/08_split_kv'
+cand_jobs=("FA_SPLITKV_TILE=64x3 FA_SPLITKV_TILE=64x2" "FA_SPLITKV_TILE=32x6 FA_SPLITKV_TILE=32x3"
+           "FA_SPLITKV_TILE=32x4h FA_SPLITKV_TILE=64x3h" "FA_SPLITKV_WAVES=4 FA_SPLITKV_COMBINE=serial")
+for j in 0 1 2 3; do
+  (
+    rc=0
+    for knob in ${cand_jobs[$j]}; do
+      echo "--- $knob" >> "$tmp/cand$j.log"
+      env "$knob" FA_DECODE_PROBLEMS=12 FA_DECODE_MAX_SEQLEN_K=32768 timeout 150 "$bin" \
+        --gtest_brief=1 --gtest_filter="$cand_filter" >> "$tmp/cand$j.log" 2>&1 || rc=1
+    done
+    echo $rc > "$tmp/cand$j.rc"
+  ) &
+done
 for i in 0 1; do
   (
     GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i FA_DECODE_PROBLEMS=10 timeout 300 "$bin" \
@@ -118,8 +121,8 @@ section "1b. the same with FA_NUM_SPLITS=3 (rc $(cat "$tmp/split3.rc")); FA_NUM_
 grep -E "^\[  (PASSED|FAILED) |^\[ (random|decode) |Failure|FAILED  \]|expected|reproduce" \
   "$tmp/split3.log" | head -40 >> "$log"
 head -3 "$tmp/split0.log" >> "$log"
-section "1c. decode tests of 08 under each candidate (rc $(cat "$tmp/cand.rc"))"
-grep -E "^--- |^\[  (PASSED|FAILED) |^\[ decode |FAILED  \]|expected" "$tmp/cand.log" | head -40 >> "$log"
+section "1c. decode tests of 08 under each candidate (rc $(cat "$tmp"/cand?.rc | tr '\n' ' '))"
+cat "$tmp"/cand?.log | grep -E "^--- |^\[  (PASSED|FAILED) |^\[ decode |FAILED  \]|expected" | head -60 >> "$log"
 section "1d. decode tests, every other step"
 for i in 0 1; do
   echo "shard $i rc $(cat "$tmp/tall$i.rc")" >> "$log"
@@ -168,7 +171,8 @@ def rc(name):
         return "?"
 print("correctness: 08 suite %s; FA_NUM_SPLITS=3 suite %s; FA_NUM_SPLITS=0 refused %s; "
       "candidates %s; other steps' decode %s; sanitizers %s"
-      % (rc("t08.rc"), rc("split3.rc"), rc("split0.rc"), rc("cand.rc"),
+      % (rc("t08.rc"), rc("split3.rc"), rc("split0.rc"),
+         ",".join(rc("cand%d.rc" % i) for i in range(4)),
          ",".join(rc("tall%d.rc" % i) for i in range(2)), rc("sanitize.rc")))
 def load(path):
     try:

@@ -49,7 +49,7 @@ import compare  # noqa: E402  (sdpa_call, kv_bytes, flops, rotation_sets, in_tur
 
 #: Variables that select 08's launcher settings; all are cleared before each implementation
 #: runs, then its own are set.
-KNOBS = ("FA_NUM_SPLITS", "FA_SPLITKV_TILE", "FA_SPLITKV_WAVES")
+KNOBS = ("FA_NUM_SPLITS", "FA_SPLITKV_TILE", "FA_SPLITKV_WAVES", "FA_SPLITKV_COMBINE")
 
 #: The candidates of this run: (row name, environment). The first is 08 as built.
 CANDIDATES = [
@@ -61,6 +61,9 @@ CANDIDATES = [
     ("08 tile=32x6", {"FA_SPLITKV_TILE": "32x6"}),
     ("08 tile=32x3", {"FA_SPLITKV_TILE": "32x3"}),
     ("08 tile=64x3 waves=2", {"FA_SPLITKV_TILE": "64x3", "FA_SPLITKV_WAVES": "2"}),
+    ("08 tile=32x4h", {"FA_SPLITKV_TILE": "32x4h"}),
+    ("08 tile=64x3h", {"FA_SPLITKV_TILE": "64x3h"}),
+    ("08 combine=serial", {"FA_SPLITKV_COMBINE": "serial"}),
 ]
 
 STEP08, STEP06, FLASH = "08_split_kv", "06_causal_skip", "FLASH"
@@ -403,7 +406,8 @@ def read_ceiling_gbps(torch, mib=2048, repeats=10):
 
 
 def short(name):
-    return name.replace("08 ", "").replace("tile=", "t").replace("waves=", "w")
+    return (name.replace("08 ", "").replace("tile=", "t").replace("waves=", "w")
+            .replace("combine=", "c"))
 
 
 def decode_table(rows, names):

@@ -23,7 +23,7 @@
 #         FA_SPLITKV_TILE, under FA_SPLITKV_WAVES=4 and under FA_SPLITKV_COMBINE=serial;
 #      d. the decode tests of every other registered step (10 random problems each);
 #      e. compute-sanitizer memcheck, racecheck, synccheck, initcheck on 08: sanitize.sh's
-#         per-step slice plus five decode cases, four of which split the keys (22 to 132
+#         per-step slice plus five decode cases, four of which split the keys (2 to 129
 #         splits: the merge's loops over more than 32 splits included).
 #   2. measurements, alone on the GPU (about 1 minute):
 #      a. splitkv_tune.py: copy and read-only ceilings; the decode grid of the issue (fp16,

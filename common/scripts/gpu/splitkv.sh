@@ -191,6 +191,8 @@ if t:
     print("%-22s %6s %8s %8s %8s %8s %8s" % ("08 entry", "<FLASH", "min xFL", "gm xFL",
                                              "min x06", "b1 x06", "min %cp"))
     for m in s.get("must_show", []):
+        if m["worst_x_flash"] > 1e9:
+            print("%-22s  nothing measured" % m["impl"]); continue
         print("%-22s %6d %8.3f %8.3f %8.2f %8.2f %8.1f" % (
             m["impl"], len(m["below_flash"]), m["worst_x_flash"], m["geomean_x_flash_16k"],
             m["worst_x_06"], m["b1_worst_x_06"], m["min_pct_copy"]))

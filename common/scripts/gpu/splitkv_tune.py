@@ -480,6 +480,10 @@ def must_show_table(summary):
         "08 entry", "<FLASH", "min xFL", "gm xFL", "min x06", "b1 x06", "min %cp", "bad",
         "shapes below 1.0x FLASH")]
     for s in summary:
+        if s["worst_x_flash"] > 1e9:  # nothing measured
+            lines.append("%-22s %6s %8s %8s %8s %8s %8s %4d" % (
+                s["impl"], "-", "-", "-", "-", "-", "-", s["failed_or_missing"]))
+            continue
         lines.append("%-22s %6d %8.3f %8.3f %8.2f %8.2f %8.1f %4d  %s" % (
             s["impl"], len(s["below_flash"]), s["worst_x_flash"], s["geomean_x_flash_16k"],
             s["worst_x_06"], s["b1_worst_x_06"], s["min_pct_copy"], s["failed_or_missing"],

@@ -35,11 +35,14 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 
 #include "fa/api.h"
 #include "fa/check.cuh"
+#include "fa/env.h"
 #include "fa/mma.cuh"
 #include "fa/step.h"
 
@@ -104,6 +107,32 @@ struct DecodeTileShape {
   static constexpr int kBlockN = kHeadDim == 64 ? FA_DECODE_BLOCK_N_D64 : FA_DECODE_BLOCK_N_D128;
 };
 
+#ifdef FA_SPLITKV_TUNING
+/// Candidate decode tiles for one measuring run on the H200 (issue 18): picked at run time
+/// by FA_SPLITKV_TILE=<B_c>x<stages>[h] (fp16, d = 128 only; h: the K/V loads carry an L2
+/// prefetch hint of 256 bytes) and measured side by side with the default by
+/// common/scripts/gpu/splitkv_tune.py. These blocks go once the run has chosen.
+template <int kBlockN_, int kStages_, bool kL2Hint_ = false>
+struct DecodeTileCandidate : DecodeTileShape<128> {
+  static constexpr int kBlockN = kBlockN_, kStages = kStages_;
+  static constexpr bool kL2Hint = kL2Hint_;
+};
+
+/// Whether a tile shape asks for the L2 prefetch hint (only candidates do).
+template <class Shape, class = void>
+struct HasL2Hint : std::false_type {};
+template <class Shape>
+struct HasL2Hint<Shape, std::void_t<decltype(Shape::kL2Hint)>>
+    : std::integral_constant<bool, Shape::kL2Hint> {};
+
+/// cp.async of 16 bytes with the hint that L2 should fetch the whole 256-byte block around
+/// them from memory (PTX .L2::256B): the tuning candidate's load.
+__device__ __forceinline__ void cp_async_16_l2_256(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(fa::smem_u32(smem)),
+               "l"(gmem), "r"(valid ? 16 : 0));
+}
+#endif
+
 /// Every size the kernel derives from the tile shape, in one place.
 template <int kHeadDim_, class Shape = TileShape<kHeadDim_>>
 struct Traits {
@@ -113,6 +142,9 @@ struct Traits {
   static constexpr int kNumWarps = Shape::kNumWarps;
   static constexpr int kStages = Shape::kStages;         ///< K/V tiles in the shared-memory ring
   static constexpr bool kPackHeads = Shape::kPackHeads;  ///< else one query head per tile
+#ifdef FA_SPLITKV_TUNING
+  static constexpr bool kL2Hint = HasL2Hint<Shape>::value;  ///< (tuning candidates)
+#endif
   static constexpr int kNumThreads = 32 * kNumWarps;
   static constexpr int kWarpRows = kBlockM / kNumWarps;  ///< Q rows owned by one warp
   static constexpr int kMTiles = kWarpRows / 16;         ///< m16 mma tiles per warp
@@ -171,6 +203,13 @@ __device__ __forceinline__ void load_tile_async(char* smem_tile, const T* gmem, 
   for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
     const bool valid = row + pass * kRowsPerPass < seqlen;
     // An invalid row reads nothing; it still gets an address inside the tensor (row 0).
+#ifdef FA_SPLITKV_TUNING
+    if constexpr (Tr::kL2Hint) {
+      cp_async_16_l2_256(dst + pass * kRowsPerPass * Tr::kRowBytes, valid ? src : gmem, valid);
+      src += kRowsPerPass * row_stride;
+      continue;
+    }
+#endif
     fa::cp_async_16(dst + pass * kRowsPerPass * Tr::kRowBytes, valid ? src : gmem, valid);
     src += kRowsPerPass * row_stride;
   }
@@ -673,10 +712,11 @@ __global__ void __launch_bounds__(Tr::kNumThreads)
     const int next_block = kv_block + Tr::kStages - 1;
     if (next_block < kv_end) {  // K and V of block j + kStages - 1 into that stage
       char* const next = kv_stages + (next_block % Tr::kStages) * Tr::kStageBytes;
-      load_tile_async<Tr, Tr::kBlockN>(next, k, args.k.row_stride, next_block * Tr::kBlockN,
+      // (counted from kv_start, as step 06 does: with two stages the loop compiles to its code)
+      const int next_start = kv_start + (Tr::kStages - 1) * Tr::kBlockN;
+      load_tile_async<Tr, Tr::kBlockN>(next, k, args.k.row_stride, next_start, seqlen_k, tid);
+      load_tile_async<Tr, Tr::kBlockN>(next + Tr::kKBytes, v, args.v.row_stride, next_start,
                                        seqlen_k, tid);
-      load_tile_async<Tr, Tr::kBlockN>(next + Tr::kKBytes, v, args.v.row_stride,
-                                       next_block * Tr::kBlockN, seqlen_k, tid);
     }
     fa::cp_async_commit();
     if (warp_idle) continue;
@@ -707,60 +747,93 @@ __global__ void __launch_bounds__(Tr::kNumThreads)
 // The merge of the splits
 // ------------------------------------------------------------------------------------------
 
-constexpr int kCombineWarps = 4;  ///< warps per thread block of the merge, one row each
+constexpr int kMaxSplits = 256;   ///< splits per Q tile at most
+constexpr int kCombineWarps = 4;  ///< warps of the merge's thread block, which merges one row
 
-/// Merges the splits' partial results, one packed query row per warp. With \f$L_s\f$ and
-/// \f$O_s\f$ the logsumexp and the (normalized) output of split s for this row,
+/// Merges the splits' partial results of one packed query row per thread block. With
+/// \f$L_s\f$ and \f$O_s\f$ the logsumexp and the (normalized) output of split s for this row,
 /// \f[ L = \log \sum_s e^{L_s}, \qquad O = \sum_s e^{L_s - L}\, O_s \f]
 /// is exact: \f$e^{L_s} O_s = \sum_{j \in s} e^{S_j} V_j\f$, so the sum over the splits is
 /// \f$\sum_j e^{S_j} V_j = e^L O\f$. The sum is taken after subtracting
 /// \f$m = \max_s L_s\f$, so no exponential overflows; a split without visible keys has
 /// \f$L_s = -\infty\f$ and weight 0. A row whose splits are all empty (causal, \f$N_q > N_k\f$)
-/// gets the API's \f$O = 0\f$, \f$L = +\infty\f$. Each lane reads and writes d / 32
-/// consecutive columns of the row, so the warp's reads of one split are one 256- or 512-byte
-/// line, and its store of O one coalesced row.
+/// gets the API's \f$O = 0\f$, \f$L = +\infty\f$.
+///
+/// What costs time here is waiting for memory: each \f$O_s\f$ is d floats of the workspace
+/// (512 bytes at d = 128, just written, in L2), and a warp that read the splits one after the
+/// other would wait one memory latency (about half a microsecond) per split, about as long as
+/// the split kernel itself at 32 splits of a short sequence. So warp w takes splits w,
+/// w + kCombineWarps, ... and issues the reads of kInFlight of them before it uses any; the
+/// lanes of a warp read d / 32 consecutive floats each (one coalesced line per split); the
+/// warps' sums meet in shared memory, added in a fixed order (the result does not depend on
+/// timing).
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(32 * kCombineWarps)
     combine_splits_kernel(const fa_fwd_args args, const SplitKv split) {
-  constexpr int kCols = kHeadDim / 32;  // columns per lane
+  constexpr int kCols = kHeadDim / 32;               // columns per lane
+  __shared__ float lse_split[kMaxSplits];            // L_s of this row
+  __shared__ float o_warp[kCombineWarps][kHeadDim];  // each warp's share of O
   const int pack = split.pack;
   const int packs = args.heads / pack;
   const int rows = args.seqlen_q * pack;
   const int64_t num_rows = static_cast<int64_t>(args.batch) * packs * rows;  // per split
-  const int64_t row_id = static_cast<int64_t>(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
-  if (row_id >= num_rows) return;
-  const int lane = threadIdx.x % 32;
-  const float* const lse_s = split.lse_partial + row_id;  // L of split s at lse_s[s * num_rows]
+  const int64_t row_id = blockIdx.x;
+  const int num_splits = split.num_splits;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int s = threadIdx.x; s < num_splits; s += 32 * kCombineWarps)
+    lse_split[s] = split.lse_partial[s * num_rows + row_id];
+  __syncthreads();
 
-  float m = -INFINITY;
-  for (int s = lane; s < split.num_splits; s += 32) m = fmaxf(m, lse_s[s * num_rows]);
+  float m = -INFINITY;  // every warp computes L
+  for (int s = lane; s < num_splits; s += 32) m = fmaxf(m, lse_split[s]);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2)
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
   float sum = 0.f;
   if (m != -INFINITY)
-    for (int s = lane; s < split.num_splits; s += 32) sum += expf(lse_s[s * num_rows] - m);
+    for (int s = lane; s < num_splits; s += 32) sum += expf(lse_split[s] - m);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   const float lse = m == -INFINITY ? -INFINITY : m + logf(sum);
 
+  // This warp's splits, kInFlight at a time: all their reads first, then the sums.
+  constexpr int kInFlight = 4;
   float o[kCols] = {};
   if (lse != -INFINITY)
-    for (int s = 0; s < split.num_splits; ++s) {
-      const float weight = expf(lse_s[s * num_rows] - lse);  // 0 for an empty split
-      const float* const o_s = split.o_partial + (s * num_rows + row_id) * kHeadDim + lane * kCols;
-      float part[kCols];
-      if constexpr (kCols == 4) {
-        const float4 x = *reinterpret_cast<const float4*>(o_s);
-        part[0] = x.x, part[1] = x.y, part[2] = x.z, part[3] = x.w;
-      } else {
-        static_assert(kCols == 2, "d = 64 or 128");
-        const float2 x = *reinterpret_cast<const float2*>(o_s);
-        part[0] = x.x, part[1] = x.y;
+    for (int s0 = warp; s0 < num_splits; s0 += kInFlight * kCombineWarps) {
+      float part[kInFlight][kCols];
+#pragma unroll
+      for (int b = 0; b < kInFlight; ++b) {
+        const int s = s0 + b * kCombineWarps;
+        const float* const o_s =
+            split.o_partial + (s * num_rows + row_id) * kHeadDim + lane * kCols;
+        if constexpr (kCols == 4) {
+          const float4 x = s < num_splits ? *reinterpret_cast<const float4*>(o_s) : float4{};
+          part[b][0] = x.x, part[b][1] = x.y, part[b][2] = x.z, part[b][3] = x.w;
+        } else {
+          static_assert(kCols == 2, "d = 64 or 128");
+          const float2 x = s < num_splits ? *reinterpret_cast<const float2*>(o_s) : float2{};
+          part[b][0] = x.x, part[b][1] = x.y;
+        }
       }
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) o[c] = fmaf(weight, part[c], o[c]);
+      for (int b = 0; b < kInFlight; ++b) {
+        const int s = s0 + b * kCombineWarps;
+        const float weight = s < num_splits ? expf(lse_split[s] - lse) : 0.f;  // 0: empty split
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) o[c] = fmaf(weight, part[b][c], o[c]);
+      }
     }
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) o_warp[warp][lane * kCols + c] = o[c];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    o[c] = o_warp[0][lane * kCols + c];
+#pragma unroll
+    for (int w = 1; w < kCombineWarps; ++w) o[c] += o_warp[w][lane * kCols + c];
+  }
 
   // Where the row lives: packed row r of (batch, head pack) is position r / pack of head
   // head0 + r % pack.
@@ -779,6 +852,56 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
     args.lse[(static_cast<int64_t>(batch) * args.heads + head) * args.seqlen_q + i] =
         lse == -INFINITY ? INFINITY : lse;
 }
+
+#ifdef FA_SPLITKV_TUNING
+/// The merge as first written, one row per warp reading the splits in turn: the candidate
+/// FA_SPLITKV_COMBINE=serial of issue 18's measuring run (removed once measured).
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(128)
+    combine_splits_serial_kernel(const fa_fwd_args args, const SplitKv split) {
+  constexpr int kCols = kHeadDim / 32;
+  const int pack = split.pack;
+  const int packs = args.heads / pack;
+  const int rows = args.seqlen_q * pack;
+  const int64_t num_rows = static_cast<int64_t>(args.batch) * packs * rows;
+  const int64_t row_id = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (row_id >= num_rows) return;
+  const int lane = threadIdx.x % 32;
+  const float* const lse_s = split.lse_partial + row_id;
+  float m = -INFINITY;
+  for (int s = lane; s < split.num_splits; s += 32) m = fmaxf(m, lse_s[s * num_rows]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  float sum = 0.f;
+  if (m != -INFINITY)
+    for (int s = lane; s < split.num_splits; s += 32) sum += expf(lse_s[s * num_rows] - m);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const float lse = m == -INFINITY ? -INFINITY : m + logf(sum);
+  float o[kCols] = {};
+  if (lse != -INFINITY)
+    for (int s = 0; s < split.num_splits; ++s) {
+      const float weight = expf(lse_s[s * num_rows] - lse);
+      const float* const o_s = split.o_partial + (s * num_rows + row_id) * kHeadDim + lane * kCols;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) o[c] = fmaf(weight, o_s[c], o[c]);
+    }
+  const int r = static_cast<int>(row_id % rows);
+  const int pair = static_cast<int>(row_id / rows);
+  const int batch = pair / packs;
+  const int head = (pair % packs) * pack + r % pack;
+  const int i = r / pack;
+  T* const out = static_cast<T*>(args.o.ptr) + batch * args.o.batch_stride + i * args.o.row_stride +
+                 head * args.o.head_stride + lane * kCols;
+#pragma unroll
+  for (int c = 0; c < kCols; c += 2)
+    *reinterpret_cast<uint32_t*>(out + c) = fa::pack2<T>(o[c], o[c + 1]);
+  if (args.lse != nullptr && lane == 0)
+    args.lse[(static_cast<int64_t>(batch) * args.heads + head) * args.seqlen_q + i] =
+        lse == -INFINITY ? INFINITY : lse;
+}
+#endif
 
 // ------------------------------------------------------------------------------------------
 // Launcher
@@ -859,8 +982,6 @@ fa_status split_workspace(cudaStream_t stream, size_t bytes, void** ptr) {
   return FA_OK;
 }
 
-constexpr int kMaxSplits = 256;  ///< splits per Q tile at most
-
 /// How many chunks to split the K/V sequence of every Q tile into, for `tiles` thread blocks
 /// of whole sequences, `resident` thread blocks that the GPU runs at once (SMs x occupancy)
 /// and `n_blocks` K/V blocks per sequence. When the tiles alone fill every resident slot the
@@ -874,6 +995,31 @@ constexpr int kMaxSplits = 256;  ///< splits per Q tile at most
 int choose_num_splits(int64_t tiles, int64_t resident, int n_blocks) {
   if (tiles >= resident) return 1;
   return static_cast<int>(std::min<int64_t>({resident / tiles, n_blocks, kMaxSplits}));
+}
+
+/// The number of K/V chunks per Q tile for this call: `FA_NUM_SPLITS` when it is set (1 to
+/// kMaxSplits, at most one chunk per K/V block; a knob for measuring the choice, see the lab),
+/// else choose_num_splits(). An invalid value is an error, not a silent default.
+fa_status num_splits_for(int64_t tiles, int64_t resident, int n_blocks, int* num_splits) {
+  long long forced = 0;
+  std::string error;
+  const fa::EnvStatus st = fa::env_int("FA_NUM_SPLITS", 1, kMaxSplits, &forced, &error);
+  if (st == fa::EnvStatus::kInvalid)
+    return fa::set_error(FA_ERR_INVALID_ARGUMENT, "%s: %s", FA_STEP_NAME, error.c_str());
+  if (st == fa::EnvStatus::kOk) {
+    *num_splits = static_cast<int>(std::min<long long>(forced, n_blocks));
+    return FA_OK;
+  }
+#ifdef FA_SPLITKV_TUNING
+  // Candidate heuristic (issue 18's measuring run): FA_SPLITKV_WAVES=w fills w waves of
+  // resident thread blocks instead of one.
+  long long waves = 1;
+  if (fa::env_int("FA_SPLITKV_WAVES", 1, 16, &waves, &error) == fa::EnvStatus::kInvalid)
+    return fa::set_error(FA_ERR_INVALID_ARGUMENT, "%s: %s", FA_STEP_NAME, error.c_str());
+  resident *= waves;
+#endif
+  *num_splits = choose_num_splits(tiles, resident, n_blocks);
+  return FA_OK;
 }
 
 /// Launches the kernels for one dtype, head dimension and tile shape, with `pack` query heads
@@ -910,8 +1056,11 @@ fa_status launch(const fa_fwd_args& args, int pack, cudaStream_t stream) {
   // The split of the keys: as many chunks as fill the GPU (choose_num_splits), each a whole
   // number of K/V blocks, none empty.
   const int n_blocks = static_cast<int>((args.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN);
-  SplitKv split{pack, choose_num_splits(num_q_blocks * num_pairs, resident, n_blocks), 0, nullptr,
-                nullptr};
+  SplitKv split{pack, 1, 0, nullptr, nullptr};
+  if (const fa_status st =
+          num_splits_for(num_q_blocks * num_pairs, resident, n_blocks, &split.num_splits);
+      st != FA_OK)
+    return st;
   split.blocks_per_split = (n_blocks + split.num_splits - 1) / split.num_splits;
   split.num_splits = (n_blocks + split.blocks_per_split - 1) / split.blocks_per_split;
   constexpr double kLog2e = 1.4426950408889634;
@@ -928,6 +1077,10 @@ fa_status launch(const fa_fwd_args& args, int pack, cudaStream_t stream) {
                                           Tr::kSmemBytes, &split_facts);
         st != FA_OK)
       return st;
+    const int64_t merged_rows = num_pairs * rows;  // one thread block each in the merge
+    if (merged_rows > INT32_MAX)
+      return fa::set_error(FA_ERR_UNSUPPORTED, "%s: more than 2^31 - 1 query rows to merge",
+                           FA_STEP_NAME);
     const size_t partial_rows = static_cast<size_t>(split.num_splits) * num_pairs * rows;
     void* workspace = nullptr;
     if (const fa_status st =
@@ -939,10 +1092,16 @@ fa_status launch(const fa_fwd_args& args, int pack, cudaStream_t stream) {
     kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2,
                                                               static_cast<int>(group_pairs), split);
     FA_LAUNCH_TRY();
-    const int64_t merged_rows = num_pairs * rows;
-    const unsigned blocks =
-        static_cast<unsigned>((merged_rows + kCombineWarps - 1) / kCombineWarps);
-    combine_splits_kernel<T, kHeadDim><<<blocks, 32 * kCombineWarps, 0, stream>>>(args, split);
+#ifdef FA_SPLITKV_TUNING
+    if (const char* c = std::getenv("FA_SPLITKV_COMBINE"); c && std::string(c) == "serial") {
+      combine_splits_serial_kernel<T, kHeadDim>
+          <<<static_cast<unsigned>((merged_rows + 3) / 4), 128, 0, stream>>>(args, split);
+      FA_LAUNCH_TRY();
+      return FA_OK;
+    }
+#endif
+    combine_splits_kernel<T, kHeadDim>
+        <<<static_cast<unsigned>(merged_rows), 32 * kCombineWarps, 0, stream>>>(args, split);
     FA_LAUNCH_TRY();
   }
   return FA_OK;
@@ -963,8 +1122,27 @@ fa_status forward_tile(const fa_fwd_args& args, cudaStream_t stream) {
   const int64_t full_rows = static_cast<int64_t>(args.heads) *
                             ((args.seqlen_q + TileShape<kHeadDim>::kBlockM - 1) /
                              TileShape<kHeadDim>::kBlockM * TileShape<kHeadDim>::kBlockM);
-  if (2 * decode_rows <= full_rows)
+  if (2 * decode_rows <= full_rows) {
+#ifdef FA_SPLITKV_TUNING
+    if constexpr (kHeadDim == 128 && std::is_same<T, __half>::value)
+      if (const char* tile = std::getenv("FA_SPLITKV_TILE")) {
+        const std::string t = tile;
+        const int g = static_cast<int>(group);
+        if (t == "64x3") return launch<T, 128, DecodeTileCandidate<64, 3>>(args, g, stream);
+        if (t == "64x2") return launch<T, 128, DecodeTileCandidate<64, 2>>(args, g, stream);
+        if (t == "32x6") return launch<T, 128, DecodeTileCandidate<32, 6>>(args, g, stream);
+        if (t == "32x3") return launch<T, 128, DecodeTileCandidate<32, 3>>(args, g, stream);
+        if (t == "32x4h") return launch<T, 128, DecodeTileCandidate<32, 4, true>>(args, g, stream);
+        if (t == "64x3h") return launch<T, 128, DecodeTileCandidate<64, 3, true>>(args, g, stream);
+        if (t != "default")
+          return fa::set_error(FA_ERR_INVALID_ARGUMENT,
+                               "FA_SPLITKV_TILE=%s: expected default, 64x3, 64x2, 32x6, 32x3, "
+                               "32x4h or 64x3h",
+                               tile);
+      }
+#endif
     return launch<T, kHeadDim, Decode>(args, static_cast<int>(group), stream);
+  }
   return launch<T, kHeadDim, TileShape<kHeadDim>>(args, 1, stream);
 }
 

@@ -44,6 +44,10 @@ and under causal masking with seqlen_q != seqlen_k the bottom-right mask the ste
 FLOPs: each forward row also gets gbps, the bytes of K and V (each read once) per second, and
 pct_copy, that as a percentage of a device-to-device copy measured at the start of the run
 (torch's copy_ of 1 GiB, bytes read + written over the median time; "ceilings" in the JSON).
+A shape whose K and V would fit in the L2 cache is timed on several copies of its tensors,
+called in turn (together at least 4x the L2; --no-rotate turns that off): each timed call then
+reads K and V from device memory, as a decode step of a real model does, instead of from the
+cache the previous repeat filled.
 The JSON goes to docs/results/<gpu-slug>-decode.json by default.
 
 Output: a JSON (GPU, driver, CUDA, torch and cuDNN versions, commit, date, command, and one
@@ -186,6 +190,9 @@ def parse_args(argv=None):
                    help="decode: key/value heads (default: 8,32)")
     p.add_argument("--max-kv-gib", type=float, default=40.0,
                    help="decode: leave out shapes whose K and V take more (default: 40)")
+    p.add_argument("--no-rotate", dest="rotate", action="store_false",
+                   help="decode: time every call on the same tensors, even those that fit in "
+                        "the L2 cache (default: rotate among copies, see the top of this file)")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": smoke tests
     a = p.parse_args(argv)
     if a.decode:  # decoding: d = 128, no mask (seqlen_q = 1 sees every key anyway), forward
@@ -221,6 +228,7 @@ def parse_args(argv=None):
     if a.merge and not a.out:
         p.error("--merge needs --out")
     a.copy_gbps = 0.0  # measured by main() for --decode
+    a.l2_bytes = 0  # the GPU's L2 cache, set by main() for --decode (0: no rotation)
     return a
 
 
@@ -237,9 +245,10 @@ def _run(cmd):
         return ""
 
 
-# Environment variables that change which kernels the steps run (fa::smem_per_block_optin):
-# recorded in front of the command, as the shell line that reproduces the run.
-KERNEL_ENV = ("FA_SMEM_LIMIT",)
+# Environment variables that change which kernels the steps run (fa::smem_per_block_optin,
+# 08_split_kv's FA_NUM_SPLITS): recorded in front of the command, as the shell line that
+# reproduces the run.
+KERNEL_ENV = ("FA_SMEM_LIMIT", "FA_NUM_SPLITS")
 
 
 def run_info():
@@ -433,6 +442,24 @@ class Progress:
             sys.stderr.write("\n")
 
 
+def rotation_sets(kv, l2_bytes):
+    """How many copies of a decode shape's tensors its calls rotate among: enough that together
+    they take 4x the L2 cache (at most 64), so that no timed call finds its K and V in the cache
+    where the previous repeat left them; 1 when K and V alone are that large or the cache size
+    is unknown (0)."""
+    if l2_bytes <= 0 or kv >= 4 * l2_bytes:
+        return 1
+    return int(min(64, math.ceil(4.0 * l2_bytes / kv)))
+
+
+def in_turn(fns):
+    """One function that calls fns[0], fns[1], ... in turn, round and round."""
+    if len(fns) == 1:
+        return fns[0]
+    turn = itertools.cycle(fns)
+    return lambda: next(turn)()
+
+
 def describe_error(e):
     text = str(e).strip().splitlines()
     return (type(e).__name__ + ": " + (text[0] if text else "")).strip()
@@ -455,6 +482,12 @@ def measure_shape(torch, fs, args, shape, steps, progress):
             for _ in range(2))
     d_o = torch.randn((B, N, H, d), generator=gen, device=dev, dtype=dtype)
     want_fwd, want_bwd = "fwd" in args.directions, "bwd" in args.directions
+    # Decode shapes that fit in the L2 cache: the timed forward calls rotate among copies.
+    copies = []
+    if args.decode and args.rotate and want_fwd:
+        copies = [tuple(t.clone() for t in (q, k, v))
+                  for _ in range(rotation_sets(kv_bytes(B, Hkv, Nk, d), args.l2_bytes) - 1)]
+    sets = [(q, k, v)] + copies
     ref = None
     if not args.no_check:
         slices = sorted({(0, 0), (B - 1, H - 1)})
@@ -528,9 +561,11 @@ def measure_shape(torch, fs, args, shape, steps, progress):
                 vs = versus_flash([("o", o)])
                 if impl == FLASH:
                     flash["o"] = o
-                finish(r, time_calls(torch, lambda: sdpa_call(torch, backend, q, k, v, causal,
-                                                              scale),
-                                     args.warmup, args.repeats, dev), checks, vs)
+                calls = in_turn([(lambda s=s: sdpa_call(torch, backend, *s, causal, scale))
+                                 for s in sets])
+                finish(r, time_calls(torch, calls, args.warmup, args.repeats, dev), checks, vs)
+                if len(sets) > 1:
+                    r["rotated_sets"] = len(sets)
                 del o
             except Exception as e:  # a backend that does not take this shape, OOM, ...
                 r["error"] = describe_error(e)
@@ -574,8 +609,13 @@ def measure_shape(torch, fs, args, shape, steps, progress):
                 checks = {"O": check(ref.gather(o), ref.o, "output"),
                           "lse": check([lse[b, h] for b, h in ref.slices], ref.lse, "lse")}
             if want_fwd:
-                finish(r, time_calls(torch, launch, args.warmup, args.repeats, dev), checks,
+                calls = in_turn([launch] + [fs.prepare_forward(step, *s, o, lse, causal, scale)
+                                            for s in sets[1:]])
+                finish(r, time_calls(torch, calls, args.warmup, args.repeats, dev), checks,
                        versus_flash([("o", o)]))
+                if len(sets) > 1:
+                    r["rotated_sets"] = len(sets)
+                del calls
             del launch
         except Exception as e:
             r["error"] = describe_error(e)
@@ -602,7 +642,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
             report(r)
         del o, lse
         empty_cache(torch, dev)
-    del flash, ref, q, k, v, d_o
+    del flash, ref, q, k, v, d_o, sets, copies
     empty_cache(torch, dev)
     return rows
 
@@ -801,6 +841,9 @@ def main(argv=None):
                                   "median of the repeats after the warm-up"},
            "complete": False, "results": []}
     if args.decode:
+        if args.device == "cuda" and args.rotate:
+            prop = torch.cuda.get_device_properties(torch.cuda.current_device())
+            args.l2_bytes = int(getattr(prop, "L2_cache_size", 0) or 0)
         args.copy_gbps = measure_copy_gbps(torch, args.device,
                                            1024 if args.device == "cuda" else 16)
         doc["ceilings"] = {"copy_gbps": args.copy_gbps,
@@ -809,7 +852,10 @@ def main(argv=None):
         doc["settings"].update(decode=True, seqlens_q=args.seqlens_q, seqlens_k=args.seqlens_k,
                                batches=args.batches, heads=args.heads, heads_kv=args.heads_kv,
                                max_kv_gib=args.max_kv_gib,
-                               bandwidth="gbps: K and V bytes (each read once) / median time")
+                               bandwidth="gbps: K and V bytes (each read once) / median time",
+                               rotate=("copies of q, k, v called in turn, together >= 4x the "
+                                       "L2 cache of %d bytes (rows: rotated_sets)"
+                                       % args.l2_bytes) if args.l2_bytes else "none")
         sys.stderr.write("compare.py: copy ceiling %.0f GB/s\n" % args.copy_gbps)
 
     def save():

@@ -1,4 +1,5 @@
-"""compare.run_info(): the recorded command reproduces the run, environment included."""
+"""compare.py without a GPU: the recorded command reproduces the run (environment included);
+the decode sweep's rotation among copies of the inputs."""
 
 import os
 import sys
@@ -13,7 +14,30 @@ def test_command_names_the_shared_memory_limit(monkeypatch):
     script = os.path.join(compare.REPO, "common", "python", "compare.py")
     monkeypatch.setattr(sys, "argv", [script, "--quick"])
     monkeypatch.delenv("FA_SMEM_LIMIT", raising=False)
+    monkeypatch.delenv("FA_NUM_SPLITS", raising=False)
     assert compare.run_info()["command"] == "python3 common/python/compare.py --quick"
     monkeypatch.setenv("FA_SMEM_LIMIT", "101376")
     assert (compare.run_info()["command"]
             == "FA_SMEM_LIMIT=101376 python3 common/python/compare.py --quick")
+
+
+def test_command_names_the_split_count(monkeypatch):
+    script = os.path.join(compare.REPO, "common", "python", "compare.py")
+    monkeypatch.setattr(sys, "argv", [script, "--decode"])
+    monkeypatch.delenv("FA_SMEM_LIMIT", raising=False)
+    monkeypatch.setenv("FA_NUM_SPLITS", "4")
+    assert (compare.run_info()["command"]
+            == "FA_NUM_SPLITS=4 python3 common/python/compare.py --decode")
+
+
+def test_decode_rotation_covers_four_l2_caches():
+    l2 = 50 * 2 ** 20
+    assert compare.rotation_sets(4 * 2 ** 20, l2) == 50  # 4 MiB of K/V: 50 copies
+    assert compare.rotation_sets(2 ** 20, l2) == 64  # capped
+    assert compare.rotation_sets(4 * l2, l2) == 1  # already 4x the cache
+    assert compare.rotation_sets(2 ** 20, 0) == 1  # cache size unknown: no rotation
+    calls = []
+    turn = compare.in_turn([lambda: calls.append(0), lambda: calls.append(1)])
+    for _ in range(5):
+        turn()
+    assert calls == [0, 1, 0, 1, 0]

@@ -1,25 +1,39 @@
 #!/usr/bin/env bash
 # GPU proof of issue 18 (step 08_split_kv, FlashDecoding). Assumes a tree built for the GPU in
 # $FA_BUILD_DIR (default build-gpu: every step, fa_gpu_tests, bench, libfa) and PyTorch with
-# CUDA for compare.py. Writes one plain log, $OUT/splitkv.log, and prints a summary table.
+# CUDA. Writes one plain log, $OUT/splitkv.log, the JSON of the measurements beside it, and
+# prints a summary last.
 #
 #   OUT=/tmp/out FA_BUILD_DIR=build-gpu bash common/scripts/gpu/splitkv.sh
+#   (the coordinator: FA_GPU_AREAS=splitkv bash common/scripts/gpu/all.sh)
 #
-# What it runs (expected wall time on an H200: about 4.5 minutes):
-#   1. correctness, side by side (about 2.5-3 minutes, the sanitizers' budget sets it):
-#      a. every GPU test of 08_split_kv: conformance matrix, edge cases, the random suite (its
-#         seqlen_q 1..3 problems; stopped at 45 s), and the decode tests (matrix, 60 random
-#         decode problems with seqlen_q 1..16 and seqlen_k up to 64K, two streams at once);
-#      b. the decode tests for every other registered step (10 random problems each), 4 shards;
-#      c. compute-sanitizer memcheck, racecheck, synccheck, initcheck on 08 (sanitize.sh's
-#         per-step slice plus decode cases that split the keys), 150 s budget.
-#   2. performance, alone on the GPU (about 1.5-2 minutes):
-#      a. compare.py --decode: 08, 06 and PyTorch FLASH on the same tensors, fp16, seqlen_q 1,
-#         heads 32 / heads_kv 8, d 128, batch 1/4/16/64, seqlen_k 1K..128K, with GB/s of K/V
-#         against torch's measured copy ceiling; then seqlen_q 16 and heads_kv 32 on a few shapes;
-#      b. compare.py at the paper's training shapes (16K tokens, hidden 2048, seqlen 2048 and
-#         8192, d 64 and 128, causal off and on): 08 against 06 on the same tensors;
-#      c. the bench's decode mode on one shape (the harness's own copy ceiling and GB/s).
+# Knobs: FA_SPLITKV_SANITIZE=0 skips the sanitizers; FA_SPLITKV_SANITIZE_BUDGET (default 90 s);
+# FA_SPLITKV_QUICK=1 runs the measurements on a few shapes only (a smoke run).
+#
+# What it runs (expected wall time on an H200: about 2.5 minutes):
+#   1. correctness, side by side (about 1.5 minutes, the sanitizers' budget sets it):
+#      a. every GPU test of 08_split_kv: conformance matrix, edge cases, the random suite
+#         (stopped at 30 s), the decode tests (matrix, 60 random decode problems with seqlen_q
+#         1..16 and seqlen_k up to 64K, two streams at once);
+#      b. the same suite with every problem's keys forced into 3 chunks (FA_NUM_SPLITS=3,
+#         ctest gpu.conformance.08_split_kv.num_splits_3): the split path and the merge on
+#         every conformance shape; then FA_NUM_SPLITS=0 must be refused;
+#      c. the candidates of the measurements below, which the suite does not cover: the
+#         decode tests of 08 (fp16, d = 128, and 12 random problems) under each
+#         FA_SPLITKV_TILE, under FA_SPLITKV_WAVES=4 and under FA_SPLITKV_COMBINE=serial;
+#      d. the decode tests of every other registered step (10 random problems each);
+#      e. compute-sanitizer memcheck, racecheck, synccheck, initcheck on 08: sanitize.sh's
+#         per-step slice plus five decode cases, four of which split the keys (2 to 129
+#         splits: the merge's loops over more than 32 splits included).
+#   2. measurements, alone on the GPU (about 1 minute):
+#      a. splitkv_tune.py: copy and read-only ceilings; the decode grid of the issue (fp16,
+#         seqlen_q 1, heads 32/8, d 128, batch 1-64, seqlen_k 1K-128K) and a coarser one with
+#         seqlen_q 16 and heads_kv 32: FLASH, 06, 08 as built and its candidates, interleaved
+#         on the same tensors; where a call's time goes, kernel by kernel (torch.profiler);
+#         the paper's training shapes, 08 against 06 (and 06 against itself: the noise);
+#      b. compare.py --decode (the command README.md cites): 08, 06, FLASH, fp16, seqlen_q 1,
+#         heads 32/8, d 128, each call on K/V copies that do not fit in L2 together;
+#      c. the bench's decode mode on one shape (the C++ harness's copy ceiling and GB/s).
 set -uo pipefail
 cd "$(dirname "$0")/../../.." || exit 2
 root=$PWD
@@ -37,144 +51,180 @@ section() { printf '\n===== %s (t=%ds)\n' "$*" $((SECONDS - t_start)) >> "$log";
 bin=$build/bin/fa_gpu_tests
 [ -x "$bin" ] || { say "splitkv: $bin not found (build the tree first)"; exit 2; }
 export FA_LIB=${FA_LIB:-$build/lib/libfa.so}
+quick=${FA_SPLITKV_QUICK:-0}
 git -C "$root" rev-parse --short=12 HEAD >> "$log" 2>&1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader >> "$log" 2>&1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
+  --format=csv,noheader >> "$log" 2>&1
 
-# ---- 1. correctness (a, b, c side by side) ----------------------------------------------
+# ---- 1. correctness (a-e side by side) ---------------------------------------------------
+f08='*/08_split_kv*:*.08_split_kv*'
 (
-  FA_RANDOM_SECONDS=45 FA_DECODE_PROBLEMS=60 timeout 400 "$bin" \
-    --gtest_filter='*/08_split_kv*:*.08_split_kv*' --gtest_brief=1 > "$tmp/t08.log" 2>&1
+  FA_RANDOM_SECONDS=30 FA_DECODE_PROBLEMS=60 timeout 300 "$bin" --gtest_filter="$f08" \
+    --gtest_brief=1 > "$tmp/t08.log" 2>&1
   echo $? > "$tmp/t08.rc"
 ) &
-for i in 0 1 2 3; do
+(
+  FA_NUM_SPLITS=3 FA_RANDOM_SECONDS=15 FA_DECODE_PROBLEMS=20 timeout 300 "$bin" \
+    --gtest_filter="$f08" --gtest_brief=1 > "$tmp/split3.log" 2>&1
+  echo $? > "$tmp/split3.rc"
+  FA_NUM_SPLITS=0 timeout 60 "$build/bin/08_split_kv" --seqlen-q 1 --seqlen-k 4096 --no-ceilings \
+    --warmup 0 --repeats 1 > "$tmp/split0.log" 2>&1
+  grep -q "FA_NUM_SPLITS=0: expected a whole number" "$tmp/split0.log"
+  echo $? > "$tmp/split0.rc"
+) &
+cand_filter='Decode/DecodeConformance.*/08_split_kv_fp16_d128*:Decode/DecodeRandom.*/08_split_kv:Decode/DecodeStreams.*/08_split_kv'
+cand_jobs=("FA_SPLITKV_TILE=64x3 FA_SPLITKV_TILE=64x2" "FA_SPLITKV_TILE=32x6 FA_SPLITKV_TILE=32x3"
+           "FA_SPLITKV_TILE=32x4h FA_SPLITKV_TILE=64x3h" "FA_SPLITKV_WAVES=4 FA_SPLITKV_COMBINE=serial")
+for j in 0 1 2 3; do
   (
-    GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i FA_DECODE_PROBLEMS=10 timeout 400 "$bin" \
+    rc=0
+    for knob in ${cand_jobs[$j]}; do
+      echo "--- $knob" >> "$tmp/cand$j.log"
+      env "$knob" FA_DECODE_PROBLEMS=12 FA_DECODE_MAX_SEQLEN_K=32768 timeout 150 "$bin" \
+        --gtest_brief=1 --gtest_filter="$cand_filter" >> "$tmp/cand$j.log" 2>&1 || rc=1
+    done
+    echo $rc > "$tmp/cand$j.rc"
+  ) &
+done
+for i in 0 1; do
+  (
+    GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i FA_DECODE_PROBLEMS=10 timeout 300 "$bin" \
       --gtest_filter='Decode/*-*08_split_kv*' --gtest_brief=1 > "$tmp/tall$i.log" 2>&1
     echo $? > "$tmp/tall$i.rc"
   ) &
 done
-(
-  decode="Decode/DecodeConformance.*/@STEP@_fp16_d128_causal_q1_gqa4:"
-  decode+="Decode/DecodeConformance.*/@STEP@_bf16_d64_causal_q16_gqa8:"
-  decode+="Decode/DecodeConformance.*/@STEP@_fp16_d64_causal_q13_short:"
-  decode+="Decode/DecodeConformance.*/@STEP@_bf16_d128_causal_q16_gt_k_mqa:"
-  decode+="Decode/DecodeConformance.*/@STEP@_fp16_d128_full_q7_mha:Decode/DecodeStreams.*/@STEP@:"
-  slice=""
-  for shape in odd_mqa q_lt_k_gqa q_gt_k; do slice+="Steps/ForwardConformance.*/@STEP@_fp16_*_${shape}:"; done
-  slice+="Steps/EdgeCases.*/@STEP@:Steps/SafetyEdgeCases.*/@STEP@:Random/RandomConformance.*/@STEP@_fwd:"
-  FA_BUILD_DIR=$build FA_SANITIZE_STEPS=08_split_kv FA_SANITIZE_BUDGET=150 FA_DECODE_PROBLEMS=2 \
-    FA_DECODE_MAX_SEQLEN_K=8192 FA_SANITIZE_FILTER="${slice}${decode}-*LargestGrid*:*LongSequences*" \
-    bash common/scripts/sanitize.sh "$tmp/sanitize" > "$tmp/sanitize.out" 2>&1
-  echo $? > "$tmp/sanitize.rc"
-) &
+if [ "${FA_SPLITKV_SANITIZE:-1}" != 0 ]; then
+  (
+    decode="Decode/DecodeConformance.*/@STEP@_fp16_d128_causal_q1_gqa4:"
+    decode+="Decode/DecodeConformance.*/@STEP@_bf16_d64_causal_q16_gqa8:"
+    decode+="Decode/DecodeConformance.*/@STEP@_fp16_d64_causal_q13_short:"
+    decode+="Decode/DecodeConformance.*/@STEP@_bf16_d128_causal_q16_gt_k_mqa:"
+    decode+="Decode/DecodeConformance.*/@STEP@_fp16_d128_full_q7_mha:"
+    slice=""
+    for shape in odd_mqa q_lt_k_gqa q_gt_k; do slice+="Steps/ForwardConformance.*/@STEP@_fp16_*_${shape}:"; done
+    slice+="Steps/EdgeCases.*/@STEP@:Random/RandomConformance.*/@STEP@_fwd:"
+    FA_BUILD_DIR=$build FA_SANITIZE_STEPS=08_split_kv FA_SANITIZE_BUDGET=${FA_SPLITKV_SANITIZE_BUDGET:-90} \
+      FA_DECODE_PROBLEMS=2 FA_DECODE_MAX_SEQLEN_K=8192 FA_RANDOM_PROBLEMS=6 \
+      FA_SANITIZE_FILTER="${slice}${decode}-*LargestGrid*:*LongSequences*" \
+      bash common/scripts/sanitize.sh "$tmp/sanitize" > "$tmp/sanitize.out" 2>&1
+    echo $? > "$tmp/sanitize.rc"
+  ) &
+else
+  echo skipped > "$tmp/sanitize.rc"
+fi
 wait
 
 section "1a. GPU tests of 08_split_kv (rc $(cat "$tmp/t08.rc"))"
 grep -E "^\[  (PASSED|FAILED) |^\[ (random|decode) |Failure|FAILED  \]|expected|reproduce|out of bounds" \
   "$tmp/t08.log" | head -60 >> "$log"
 tail -3 "$tmp/t08.log" >> "$log"
-section "1b. decode tests, every other step"
-for i in 0 1 2 3; do
+section "1b. the same with FA_NUM_SPLITS=3 (rc $(cat "$tmp/split3.rc")); FA_NUM_SPLITS=0 refused (rc $(cat "$tmp/split0.rc"))"
+grep -E "^\[  (PASSED|FAILED) |^\[ (random|decode) |Failure|FAILED  \]|expected|reproduce" \
+  "$tmp/split3.log" | head -40 >> "$log"
+head -3 "$tmp/split0.log" >> "$log"
+section "1c. decode tests of 08 under each candidate (rc $(cat "$tmp"/cand?.rc | tr '\n' ' '))"
+cat "$tmp"/cand?.log | grep -E "^--- |^\[  (PASSED|FAILED) |^\[ decode |FAILED  \]|expected" | head -60 >> "$log"
+section "1d. decode tests, every other step"
+for i in 0 1; do
   echo "shard $i rc $(cat "$tmp/tall$i.rc")" >> "$log"
   grep -E "^\[  (PASSED|FAILED) |^\[ decode |FAILED  \]|out of bounds" "$tmp/tall$i.log" | head -20 >> "$log"
 done
-section "1c. compute-sanitizer on 08 (rc $(cat "$tmp/sanitize.rc"))"
-cat "$tmp/sanitize/summary.txt" >> "$log" 2>/dev/null || tail -20 "$tmp/sanitize.out" >> "$log"
+section "1e. compute-sanitizer on 08 (rc $(cat "$tmp/sanitize.rc"))"
+cat "$tmp/sanitize/summary.txt" >> "$log" 2>/dev/null || tail -20 "$tmp/sanitize.out" >> "$log" 2>/dev/null
 for f in "$tmp"/sanitize/*_08_split_kv.sanitizer.log; do
   [ -f "$f" ] && grep -q "ERROR SUMMARY: [1-9]\|RACECHECK SUMMARY.*[1-9][0-9]* error" "$f" &&
     { echo "--- $f"; grep -m20 "=========" "$f"; } >> "$log"
 done
 
-# ---- 2. performance (nothing else on the GPU) --------------------------------------------
-section "2a. compare.py --decode: 08 vs 06 vs PyTorch FLASH, seqlen_q 1, heads 32/8, d 128"
-timeout 420 python3 common/python/compare.py --decode --steps 06_causal_skip,08_split_kv \
-  --backends flash --seqlens-q 1 --heads-kv 8 --warmup 3 --repeats 15 \
-  --out "$tmp/decode.json" > "$tmp/decode.out" 2> "$tmp/decode.err"
+# ---- 2. measurements (nothing else on the GPU) --------------------------------------------
+section "2a. splitkv_tune.py: candidates side by side, kernel breakdown, training shapes"
+qflag=""
+[ "$quick" = 1 ] && qflag=--quick
+timeout 170 python3 common/scripts/gpu/splitkv_tune.py $qflag --out "$out/splitkv_tune.json" \
+  > "$tmp/tune.out" 2> "$tmp/tune.err"
+echo "rc $?" > "$tmp/tune.rc"
+cat "$tmp/tune.rc" "$tmp/tune.out" >> "$log"
+grep -iE "error|Traceback|abort" "$tmp/tune.err" | head -10 >> "$log"
+tail -3 "$tmp/tune.err" >> "$log"
+section "2b. compare.py --decode (README's command): 08, 06, FLASH; seqlen_q 1, heads 32/8, d 128"
+dec_args=(--seqlens-q 1 --heads-kv 8)
+[ "$quick" = 1 ] && dec_args+=(--batches "1,16" --seqlens-k "4096,32768")
+timeout 120 python3 common/python/compare.py --decode --steps 06_causal_skip,08_split_kv \
+  --backends flash "${dec_args[@]}" --warmup 2 --repeats 8 \
+  --out "$out/splitkv_decode.json" > "$tmp/decode.out" 2> "$tmp/decode.err"
 echo "rc $?" >> "$log"
 cat "$tmp/decode.out" >> "$log"
-grep -iE "error|abort" "$tmp/decode.err" | head -5 >> "$log"
-section "2a'. compare.py --decode: seqlen_q 16 and heads_kv 32, a few shapes"
-timeout 240 python3 common/python/compare.py --decode --steps 06_causal_skip,08_split_kv \
-  --backends flash --seqlens-q 1,16 --heads-kv 8,32 --batches 1,16 --seqlens-k 4096,32768 \
-  --warmup 2 --repeats 10 --out "$tmp/decode2.json" > "$tmp/decode2.out" 2> "$tmp/decode2.err"
-echo "rc $?" >> "$log"
-cat "$tmp/decode2.out" >> "$log"
-section "2b. compare.py at training shapes: 08 vs 06 on the same tensors"
-timeout 300 python3 common/python/compare.py --steps 06_causal_skip,08_split_kv --backends flash \
-  --seqlens 2048,8192 --head-dims 64,128 --causal 0,1 --directions fwd --warmup 5 --repeats 20 \
-  --out "$tmp/train.json" > "$tmp/train.out" 2> "$tmp/train.err"
-echo "rc $?" >> "$log"
-cat "$tmp/train.out" >> "$log"
+grep -iE "error|abort|ceiling" "$tmp/decode.err" | head -5 >> "$log"
 section "2c. bench --decode (C++ harness: copy ceiling, GB/s columns)"
-timeout 180 "$build/bin/bench" --decode --steps 06_causal_skip,08_split_kv --seqlens-q 1 \
-  --heads-kv 8 --batches 4 --seqlens-k 32768 --repeats 10 >> "$log" 2> "$tmp/bench.err"
+timeout 60 "$build/bin/bench" --decode --steps 06_causal_skip,08_split_kv --seqlens-q 1 \
+  --heads-kv 8 --batches 16 --seqlens-k 32768 --repeats 10 >> "$log" 2> "$tmp/bench.err"
 echo "rc $?" >> "$log"
-cp "$tmp/decode.json" "$out/splitkv_decode.json" 2>/dev/null
-cp "$tmp/train.json" "$out/splitkv_train.json" 2>/dev/null
 
 # ---- summary ------------------------------------------------------------------------------
 section "summary"
-python3 - "$tmp/decode.json" "$tmp/train.json" "$tmp" <<'PY' | tee -a "$log"
+python3 - "$out/splitkv_decode.json" "$out/splitkv_tune.json" "$tmp" <<'PY' | tee -a "$log"
 import json, os, sys
-dec, train, tmp = sys.argv[1:4]
+dec, tune, tmp = sys.argv[1:4]
 def rc(name):
     try:
         return open(os.path.join(tmp, name)).read().strip()
     except OSError:
         return "?"
-print("correctness: 08 tests rc %s; other steps' decode tests rc %s; sanitizers rc %s"
-      % (rc("t08.rc"), ",".join(rc("tall%d.rc" % i) for i in range(4)), rc("sanitize.rc")))
+print("correctness: 08 suite %s; FA_NUM_SPLITS=3 suite %s; FA_NUM_SPLITS=0 refused %s; "
+      "candidates %s; other steps' decode %s; sanitizers %s"
+      % (rc("t08.rc"), rc("split3.rc"), rc("split0.rc"),
+         ",".join(rc("cand%d.rc" % i) for i in range(4)),
+         ",".join(rc("tall%d.rc" % i) for i in range(2)), rc("sanitize.rc")))
 def load(path):
     try:
         return json.load(open(path))
     except (OSError, ValueError) as e:
-        print("cannot read %s: %s" % (path, e))
+        print("cannot read %s: %s" % (os.path.basename(path), e))
         return None
+t = load(tune)
+if t:
+    s = t.get("sections", {})
+    c = s.get("ceilings", {})
+    print("ceilings: copy %.0f GB/s, read-only %.0f GB/s" % (c.get("copy_gbps", 0),
+                                                          c.get("read_gbps", 0)))
+    print("tune (interleaved, same tensors), must-show grid Nq 1, H 32/8, d 128:")
+    print("%-22s %6s %8s %8s %8s %8s %8s" % ("08 entry", "<FLASH", "min xFL", "gm xFL",
+                                             "min x06", "b1 x06", "min %cp"))
+    for m in s.get("must_show", []):
+        if m["worst_x_flash"] > 1e9:
+            print("%-22s  nothing measured" % m["impl"]); continue
+        print("%-22s %6d %8.3f %8.3f %8.2f %8.2f %8.1f" % (
+            m["impl"], len(m["below_flash"]), m["worst_x_flash"], m["geomean_x_flash_16k"],
+            m["worst_x_06"], m["b1_worst_x_06"], m["min_pct_copy"]))
+    tr = {}
+    for r in s.get("train", []):
+        if "median_ms" in r:
+            tr.setdefault((r["head_dim"], r["causal"], r["seqlen_q"]), {})[r["impl"]] = r
+    ratios = [g["06"]["median_ms"] / g["08"]["median_ms"] for g in tr.values()
+              if "06" in g and "08" in g]
+    noise = [abs(1 - g["06 again"]["median_ms"] / g["06"]["median_ms"]) for g in tr.values()
+             if "06" in g and "06 again" in g]
+    if ratios:
+        print("training shapes (%d): 08/06 worst %.3f, best %.3f; 06 against itself: up to "
+              "%.3f apart" % (len(ratios), min(ratios), max(ratios), max(noise or [0])))
 d = load(dec)
 if d:
-    copy = d.get("ceilings", {}).get("copy_gbps", 0)
     rows = {}
     for r in d["results"]:
-        if r.get("error") or r["direction"] != "fwd":
-            continue
-        rows.setdefault((r["batch"], r["seqlen_k"]), {})[r["impl"]] = r
-    print("decode, fp16, Nq 1, H 32/8, d 128; copy ceiling %.0f GB/s" % copy)
-    print("%3s %7s %9s %9s %9s %8s %7s %7s %6s  %s" % ("B", "Nk", "08 us", "06 us", "FLASH us",
-          "08/FLASH", "08/06", "08 GB/s", "%copy", "must-show"))
-    bad = 0
+        if not r.get("error"):
+            rows.setdefault((r["batch"], r["seqlen_k"]), {})[r["impl"]] = r
+    bad = []
     for (b, nk), g in sorted(rows.items()):
         s8, s6, fl = g.get("08_split_kv"), g.get("06_causal_skip"), g.get("sdpa_flash")
         if not (s8 and s6 and fl):
-            print("%3d %7d  missing rows" % (b, nk)); bad += 1; continue
+            bad.append("%d/%d missing" % (b, nk)); continue
         vf, v6 = fl["median_ms"] / s8["median_ms"], s6["median_ms"] / s8["median_ms"]
-        pc = s8.get("pct_copy", 0)
-        fails = []
-        if vf < 1.0: fails.append("<1.0x FLASH")
-        if v6 < 0.97: fails.append("<0.97x 06")
-        if b == 1 and nk >= 16384 and v6 < 2.5: fails.append("<2.5x 06")
-        if nk >= 32768 and b >= 4 and pc < 80: fails.append("<80% copy")
-        if not (s8.get("checked") and s8.get("passed")): fails.append("08 check FAILED")
-        bad += bool(fails)
-        print("%3d %7d %9.1f %9.1f %9.1f %7.2fx %6.2fx %7.0f %6.1f  %s" % (
-            b, nk, 1e3 * s8["median_ms"], 1e3 * s6["median_ms"], 1e3 * fl["median_ms"], vf, v6,
-            s8.get("gbps", 0), pc, ", ".join(fails) or "ok"))
-    print("decode must-show: %d of %d shapes miss a bar" % (bad, len(rows)))
-t = load(train)
-if t:
-    pairs = {}
-    for r in t["results"]:
-        if r.get("error"):
-            continue
-        pairs.setdefault((r["head_dim"], r["causal"], r["seqlen_q"]), {})[r["impl"]] = r
-    print("training shapes, fwd, fp16: 08 / 06 speed (>= 0.97 wanted), TFLOP/s")
-    worst = 9
-    for k, g in sorted(pairs.items()):
-        if "08_split_kv" in g and "06_causal_skip" in g:
-            ratio = g["06_causal_skip"]["median_ms"] / g["08_split_kv"]["median_ms"]
-            worst = min(worst, ratio)
-            print("  d=%d %s N=%d: 06 %.1f, 08 %.1f, 08/06 %.3f" % (
-                k[0], "causal" if k[1] else "full", k[2], g["06_causal_skip"]["tflops"],
-                g["08_split_kv"]["tflops"], ratio))
-    print("training shapes: worst 08/06 %.3f (%s)" % (worst, "ok" if worst >= 0.97 else "MISS"))
+        if vf < 1.0: bad.append("%d/%dK %.3fx FLASH" % (b, nk // 1024, vf))
+        if v6 < 0.97: bad.append("%d/%dK %.2fx 06" % (b, nk // 1024, v6))
+        if b == 1 and nk >= 16384 and v6 < 2.5: bad.append("%d/%dK <2.5x 06" % (b, nk // 1024))
+        if nk >= 32768 and b >= 4 and s8.get("pct_copy", 0) < 80: bad.append("%d/%dK <80%%" % (b, nk // 1024))
+        if not (s8.get("checked") and s8.get("passed")): bad.append("%d/%dK check" % (b, nk // 1024))
+    print("compare.py --decode (08 as built, copy %.0f GB/s): %d shapes, %d misses: %s"
+          % (d.get("ceilings", {}).get("copy_gbps", 0), len(rows), len(bad), "; ".join(bad[:8])))
 PY
 say "splitkv: done in $((SECONDS - t_start)) s; log $log"

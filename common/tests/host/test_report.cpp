@@ -156,10 +156,14 @@ TEST(Report, RunInfoNamesTheSharedMemoryLimit) {
   char arg0[] = "bench", arg1[] = "--seqlens", arg2[] = "4096";
   char* argv[] = {arg0, arg1, arg2};
   unsetenv("FA_SMEM_LIMIT");
+  unsetenv("FA_NUM_SPLITS");
   EXPECT_EQ(run_info(3, argv).command, "bench --seqlens 4096");
   setenv("FA_SMEM_LIMIT", "101376", 1);
   EXPECT_EQ(run_info(3, argv).command, "FA_SMEM_LIMIT=101376 bench --seqlens 4096");
+  setenv("FA_NUM_SPLITS", "4", 1);  // 08_split_kv's split of the keys
+  EXPECT_EQ(run_info(3, argv).command, "FA_SMEM_LIMIT=101376 FA_NUM_SPLITS=4 bench --seqlens 4096");
   unsetenv("FA_SMEM_LIMIT");
+  unsetenv("FA_NUM_SPLITS");
 }
 
 }  // namespace

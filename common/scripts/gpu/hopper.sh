@@ -58,7 +58,8 @@ if [ "$variants" = 1 ]; then
     rc=$?
     cat "$tmp/run.txt" >> "$log"
     grep -h '^Ceilings' "$tmp/run.txt" >> "$tmp/ceilings.txt"
-    result "runner $step d=$dim" "rc=$rc: $(grep -E "^$step " "$tmp/run.txt" | head -1 | tr -s ' ' | cut -d' ' -f10-)"
+    line=$(grep -E "^$step " "$tmp/run.txt" | head -1 | tr -s ' ' | cut -d' ' -f10-)
+    result "runner $step d=$dim" "rc=$rc: ${line:-$(tail -1 "$tmp/run.txt" | cut -c1-150)}"
   done
   result "ceilings" "$(head -1 "$tmp/ceilings.txt" 2>/dev/null | cut -c1-150)"
 fi
@@ -128,7 +129,9 @@ if ! skipped sanitize; then
   clean=$(grep -cE '^(memcheck|racecheck|synccheck|initcheck) +[0-9a-z_]+ +clean ' "$tmp/sanitize/summary.txt" 2>/dev/null)
   others=$(grep -E '^(memcheck|racecheck|synccheck|initcheck) ' "$tmp/sanitize/summary.txt" 2>/dev/null |
            grep -vE ' clean ' | awk '{printf "%s%s %s %s", (NR > 1 ? "; " : ""), $1, substr($2, 1, 2), $3}')
-  result "3 sanitizers" "${clean:-0} of ${runs:-0} (tool, step) runs clean${others:+; not clean: $others}"
+  said=""
+  [ "${runs:-0}" = 0 ] && said=": $(tail -1 "$tmp/sanitize/summary.txt" 2>/dev/null || tail -1 "$tmp/sanitize.txt")"
+  result "3 sanitizers" "${clean:-0} of ${runs:-0} (tool, step) runs clean${others:+; not clean: $others}$said"
 fi
 
 # 4. Speed beside PyTorch FLASH and cuDNN (same tensors, one process), then the variants

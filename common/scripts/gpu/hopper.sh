@@ -5,7 +5,7 @@
 # summary table at the end. Every phase runs under `timeout` (the kernels also have a 10 s
 # mbarrier watchdog that fails the launch instead of hanging).
 #
-# Default run (expected: about 2 minutes of device time; at most 2.5 by the timeouts):
+# Default run (expected: 1-2 minutes of device time; at most about 2.5 by the timeouts):
 #   1. fa_hopper_blocks: TMA load, wgmma SS, wgmma RS (V N-major), epilogue TMA store, for
 #      every tile shape, each alone with exact arithmetic (~5 s).
 #   2. the GPU conformance suite of 09 and of 10 (matrix, edge cases, decode shapes, 60 random
@@ -138,7 +138,7 @@ fi
 cmp() {  # name backends head_dims causal [VAR=value ...]
   local name=$1 backends=$2 dims=$3 causal=$4
   shift 4
-  env "$@" FA_LIB="$build/lib/libfa.so" timeout 150 python3 common/python/compare.py \
+  env "$@" FA_LIB="$build/lib/libfa.so" timeout 60 python3 common/python/compare.py \
     --steps 09_hopper_wgmma,10_hopper_pingpong --backends "$backends" \
     --seqlens 1024,2048,4096,8192,16384 --head-dims "$dims" --causal "$causal" --directions fwd \
     --warmup 3 --repeats 10 --out "$tmp/cmp_$name.json" --log-dir "" > "$tmp/cmp_$name.txt" 2>&1

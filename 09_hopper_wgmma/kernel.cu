@@ -29,11 +29,8 @@
 ///   (atomicAdd), as the hardware does with a grid of one thread block per tile. The producer
 ///   loads the next tile's Q and first K/V blocks while the consumers finish the current tile
 ///   and store its O, so the pipeline does not drain and refill between tiles.
-/// - The Q blocks end at the end of the sequence: when \f$B_r\f$ does not divide \f$N_q\f$, the
-///   partial block is the first one (its rows before row 0 are outside the tensor: the TMA
-///   reads them as zeros and does not store them), which causal masking makes the cheapest.
 /// - The epilogue writes O to shared memory in the swizzled layout and stores it with one TMA
-///   store per warpgroup and panel (rows outside \f$[0, N_q)\f$ are clipped by the TMA).
+///   store per warpgroup and panel (rows past \f$N_q\f$ are clipped by the TMA).
 ///
 /// Built for sm_90a only (wgmma and setmaxnreg exist nowhere else): the API reports the step
 /// as needing an sm_90 GPU on any other device.
@@ -50,9 +47,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "fa/api.h"
 #include "fa/check.cuh"
+#include "fa/env.h"
 #include "fa/hopper.cuh"
 #include "fa/step.h"
 #include "fa/workspace.h"
@@ -172,7 +171,7 @@ __device__ __forceinline__ uint32_t swizzle(int row, int chunk) {
 
 /// One tile: a Q block of one (batch, head), and what the loops derive from it.
 struct Tile {
-  int q_start;           ///< sequence position of the block's first row (< 0: the partial block)
+  int q_start;           ///< sequence position of the block's first row
   int head, head_kv;     ///< query head, and the K/V head it reads (GQA)
   int batch;             ///< batch index
   int n_blocks;          ///< K/V blocks it visits (<= 0: its rows see no key)
@@ -187,12 +186,10 @@ __device__ __forceinline__ int count_tiles(const fa_fwd_args& args) {
 
 /// Tile number `tile` of the work order that launch() explains: the (batch, head) pairs are
 /// taken in groups of `group_pairs`; inside a group the last Q block of every pair comes
-/// first, then the one before it, and so on. Q block b covers rows
-/// \f$[b B_r - q\_offset, (b + 1) B_r - q\_offset)\f$, with q_offset chosen so that the last
-/// block ends at \f$N_q\f$.
+/// first, then the one before it, and so on. Q block b covers rows \f$[b B_r, (b + 1) B_r)\f$:
+/// when \f$B_r\f$ does not divide \f$N_q\f$ the last one is partial, as in step 06.
 template <class Tr>
-__device__ __forceinline__ Tile tile_info(const fa_fwd_args& args, int tile, int group_pairs,
-                                          int q_offset) {
+__device__ __forceinline__ Tile tile_info(const fa_fwd_args& args, int tile, int group_pairs) {
   const int num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   const int num_pairs = args.batch * args.heads;
   const int group = tile / (group_pairs * num_q_blocks);
@@ -201,7 +198,7 @@ __device__ __forceinline__ Tile tile_info(const fa_fwd_args& args, int tile, int
   const int q_block = num_q_blocks - 1 - in_group / pairs_in_group;  // last Q blocks first
   const int pair = group * group_pairs + in_group % pairs_in_group;
   Tile t;
-  t.q_start = q_block * Tr::kBlockM - q_offset;
+  t.q_start = q_block * Tr::kBlockM;
   t.head = pair % args.heads;
   t.head_kv = t.head / (args.heads / args.heads_kv);
   t.batch = pair / args.heads;
@@ -444,8 +441,8 @@ __device__ __forceinline__ void accumulate_pv(float (&o_acc)[Tr::kMTiles][Tr::kN
 /// and, when args.lse is not null, \f$L_i = c\, m_i + \ln \ell_i\f$ (natural log of the
 /// scaled scores, c = args.scale). A row that saw no key (\f$\ell_i = 0\f$) gets \f$O_i = 0\f$
 /// and \f$L_i = +\infty\f$. O goes through the warpgroup's rows of the O staging tile, in the
-/// swizzled panel layout, and leaves with one TMA store per panel; the TMA drops rows outside
-/// \f$[0, N_q)\f$ (a partial Q block). The staging rows are written again only once the
+/// swizzled panel layout, and leaves with one TMA store per panel; the TMA drops rows past
+/// \f$N_q\f$ (the partial last Q block). The staging rows are written again only once the
 /// previous tile's store has read them.
 template <class Tr, typename T>
 __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::kNTilesO][4],
@@ -474,7 +471,7 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
       const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
       const int tile_row = warp_row0 + 16 * mi + 8 * h + group;
       const int row = t.q_start + tile_row;
-      if (lse != nullptr && quad == 0 && row >= 0 && row < seqlen)
+      if (lse != nullptr && quad == 0 && row < seqlen)
         lse[row] = sum > 0.f ? row_max[mi][h] * args.scale + logf(sum) : INFINITY;
 #pragma unroll
       for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
@@ -487,7 +484,7 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
   fa::fence_proxy_async_smem();               // the TMA reads what the threads wrote
   fa::named_barrier_sync(1 + consumer, 128);  // the warpgroup's O rows are staged
   const int box_row0 = t.q_start + wg_row0;
-  if (wg_tid == 0 && box_row0 + Tr::kConsumerRows > 0 && box_row0 < seqlen) {  // else: no row
+  if (wg_tid == 0 && box_row0 < seqlen) {  // else: no row of it exists
     const int batch_o = args.o.batch_stride != 0 ? t.batch : 0;
 #pragma unroll
     for (int p = 0; p < Tr::kPanels; ++p)
@@ -519,7 +516,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim, kBlockM, kBlockN>::kNumThread
                          const __grid_constant__ CUtensorMap tmap_k,
                          const __grid_constant__ CUtensorMap tmap_v,
                          const __grid_constant__ CUtensorMap tmap_o, const float scale_log2,
-                         const int group_pairs, const int q_offset, int* const tile_counter) {
+                         const int group_pairs, int* const tile_counter) {
   using Tr = Traits<kHeadDim, kBlockM, kBlockN>;
   extern __shared__ char smem_raw[];
   // The 128-byte swizzle repeats every 1024 bytes: the tiles start on a 1024-byte boundary.
@@ -563,7 +560,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim, kBlockM, kBlockN>::kNumThread
           fa::mbarrier_arrive(&sh->q_full[b]);  // "no tile left"
           break;
         }
-        const Tile t = tile_info<Tr>(args, tile, group_pairs, q_offset);
+        const Tile t = tile_info<Tr>(args, tile, group_pairs);
         load_q_k_v<Tr>(q_tiles + b * Tr::kQBytes, k_stages, v_stages, sh, &tmap_q, &tmap_k, &tmap_v,
                        args, t, b, kv_iter);
         kv_iter += max(t.n_blocks, 0);
@@ -587,7 +584,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim, kBlockM, kBlockN>::kNumThread
       const int tile = sh->tile[b];
       if (tile >= num_tiles) break;
       const char* const q_tile = q_tiles + b * Tr::kQBytes;
-      const Tile t = tile_info<Tr>(args, tile, group_pairs, q_offset);
+      const Tile t = tile_info<Tr>(args, tile, group_pairs);
 
       // On-chip state of this warp's rows for the whole K/V loop.
       float o_acc[Tr::kMTiles][Tr::kNTilesO][4];
@@ -723,32 +720,34 @@ fa_status make_tensor_map(CUtensorMap* map, const char* name, const fa_tensor& t
 
 /// The tuning knobs, read from the environment once, for measured comparisons (the defaults
 /// are the step's choice): `FA_HOPPER_BLOCK_M=128` takes 128-row Q blocks (two consumers) at
-/// d = 64, and with it `FA_HOPPER_BLOCK_N=192` 192-key blocks; `FA_HOPPER_GRID=tiles`
-/// launches one thread block per tile instead of one per SM (no persistence), and
+/// d = 64, the step without its third consumer; `FA_HOPPER_GRID=tiles` launches one thread
+/// block per tile instead of one per SM, the step without its persistent grid; and
 /// `FA_HOPPER_GRID=n` at most n thread blocks (the tests' way to make every thread block
-/// work through many tiles of a small problem); `FA_HOPPER_ALIGN=start` starts the Q blocks
-/// at row 0 (the partial block last), as step 06 does.
+/// work through many tiles of a small problem). Any other value is an error (forward() says
+/// which), not a silent default.
 struct Knobs {
   bool d64_block_m_128 = false;  ///< FA_HOPPER_BLOCK_M=128
-  bool d64_block_n_192 = false;  ///< FA_HOPPER_BLOCK_N=192 (with 128-row Q blocks)
   int grid = 0;                  ///< FA_HOPPER_GRID: 0 unset, -1 "tiles", else n
-  bool align_end = true;         ///< not FA_HOPPER_ALIGN=start
+  std::string error;             ///< not empty: a knob has a value it does not take
 };
 
 /// The knobs of this process.
 const Knobs& knobs() {
   static const Knobs k = [] {
-    auto env_is = [](const char* name, const char* value) {
-      const char* v = std::getenv(name);
-      return v != nullptr && std::strcmp(v, value) == 0;
-    };
     Knobs r;
-    r.d64_block_m_128 = env_is("FA_HOPPER_BLOCK_M", "128");
-    r.d64_block_n_192 = env_is("FA_HOPPER_BLOCK_N", "192");
+    if (const char* block_m = std::getenv("FA_HOPPER_BLOCK_M")) {
+      r.d64_block_m_128 = std::strcmp(block_m, "128") == 0;
+      if (!r.d64_block_m_128)
+        r.error = std::string("FA_HOPPER_BLOCK_M=") + block_m + ": expected 128 (or unset)";
+    }
     const char* grid = std::getenv("FA_HOPPER_GRID");
-    if (grid != nullptr)
-      r.grid = std::strcmp(grid, "tiles") == 0 ? -1 : std::max(0, std::atoi(grid));
-    r.align_end = !env_is("FA_HOPPER_ALIGN", "start");
+    long long n = 0;
+    if (grid != nullptr && std::strcmp(grid, "tiles") == 0)
+      r.grid = -1;
+    else if (fa::env_int("FA_HOPPER_GRID", 1, INT32_MAX, &n, &r.error) == fa::EnvStatus::kOk)
+      r.grid = static_cast<int>(n);
+    else if (grid != nullptr)
+      r.error += " (or tiles)";
     return r;
   }();
   return k;
@@ -807,13 +806,11 @@ fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
                              : knobs().grid == 0 ? std::min(num_tiles, resident)
                                                  : std::min<int64_t>(num_tiles, knobs().grid);
   const dim3 grid(static_cast<unsigned>(num_blocks));
-  const int q_offset =
-      knobs().align_end ? static_cast<int>(num_q_blocks * Tr::kBlockM - args.seqlen_q) : 0;
   constexpr double kLog2e = 1.4426950408889634;
   const float scale_log2 = static_cast<float>(args.scale * kLog2e);
   kernel<<<grid, Tr::kNumThreads, kSmemBytes, stream>>>(args, tmap_q, tmap_k, tmap_v, tmap_o,
                                                         scale_log2, static_cast<int>(group_pairs),
-                                                        q_offset, static_cast<int*>(counter));
+                                                        static_cast<int*>(counter));
   FA_LAUNCH_TRY();
   return FA_OK;
 }
@@ -823,8 +820,6 @@ template <typename T>
 fa_status forward_typed(const fa_fwd_args& args, cudaStream_t stream) {
   switch (args.head_dim) {
     case 64:
-      if (knobs().d64_block_m_128 && knobs().d64_block_n_192)
-        return launch<T, 64, 128, 192>(args, stream);
       if (knobs().d64_block_m_128) return launch<T, 64, 128, 128>(args, stream);
       return launch<T, 64, TileShape<64>::kBlockM, TileShape<64>::kBlockN>(args, stream);
     case 128:
@@ -837,6 +832,8 @@ fa_status forward_typed(const fa_fwd_args& args, cudaStream_t stream) {
 
 /// The step's forward pass: picks the kernel for the dtype.
 fa_status forward(const fa_fwd_args& args, cudaStream_t stream) {
+  if (!knobs().error.empty())
+    return fa::set_error(FA_ERR_INVALID_ARGUMENT, "%s: %s", FA_STEP_NAME, knobs().error.c_str());
   return args.dtype == FA_BF16 ? forward_typed<__nv_bfloat16>(args, stream)
                                : forward_typed<__half>(args, stream);
 }

@@ -211,6 +211,11 @@ for tool in $tools; do
     [ "$tool" = racecheck ] && details+=", ${rwarn:-0} warnings"
     [ "$ignored" != 0 ] && details+=", $ignored ignored by FA_INITCHECK_IGNORE (see ${base}.ignored.txt)"
     details+=", ${secs}s"
+    if ! grep -q '^\[==========\]' "$log" 2>/dev/null && [ "$rc" != budget ]; then
+      # No test ran: say what the program said last (e.g. an FA_* variable it refused).
+      why=$(grep -v '^[[:space:]]*$' "$log" 2>/dev/null | tail -1 | cut -c1-200)
+      details+=", exited before any test: ${why:-no output}"
+    fi
     if [ "$rc" = budget ]; then
       result=NOT-RUN  # FA_SANITIZE_BUDGET was spent before this run could start
     elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then

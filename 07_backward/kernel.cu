@@ -1125,7 +1125,7 @@ struct DqTurn {
 /// What the hand-off thread carries from one q_block to the next (kDqPassLater): the counter
 /// of the last turn it took and has not passed on yet, -1 if none.
 struct DqOrder {
-  int pending = -1;
+  int pending = -1;  ///< the counter of the turn to pass on at the next fence
 };
 
 /// The thread that takes and passes the turns: thread 0 of the thread block

@@ -650,6 +650,30 @@ constexpr int kAbtUnroll = FA_BWD_ABT_UNROLL;
 #endif
 constexpr bool kLongestFirst = FA_BWD_LONGEST_FIRST != 0;
 
+// Variant switch, measured in NOTES.md (change 7): how the thread blocks hand the dQ adds of a
+// q_block on to each other in deterministic mode, and how many gpu-scope fences that costs.
+//   0: every warp takes turns on its own counter, with two fences per q_block: one to take
+//      the turn, one to pass it on once its adds have landed (change 6);
+//   1: every warp takes turns on its own counter, and the fence that takes the next turn also
+//      passes the last one on: one fence per q_block;
+//   2: one counter per q_block and one thread that takes the turns for the whole thread block,
+//      one fence per q_block (the default).
+#ifndef FA_BWD_DQ_HANDOFF
+#define FA_BWD_DQ_HANDOFF 2
+#endif
+constexpr int kDqHandoff = FA_BWD_DQ_HANDOFF;
+static_assert(kDqHandoff >= 0 && kDqHandoff <= 2, "FA_BWD_DQ_HANDOFF is 0, 1 or 2");
+constexpr bool kDqTurnPerBlock = kDqHandoff == 2;  ///< one turn per thread block, not per warp
+constexpr bool kDqPassLater = kDqHandoff != 0;     ///< the next turn's fence passes a turn on
+
+// Variant switch, measured in NOTES.md (change 7): in deterministic mode the thread blocks of
+// all (batch, kv head) pairs form one group in the longest-first order (0), or groups of at
+// least this many waves, as without the mask (4: change 6).
+#ifndef FA_BWD_DET_GROUP_WAVES
+#define FA_BWD_DET_GROUP_WAVES 0
+#endif
+constexpr int kDetGroupWaves = FA_BWD_DET_GROUP_WAVES;
+
 /// Rows of the padded per-row scratch (lse in base 2, D): seqlen_q rounded up to a multiple of
 /// every backward q_block, so that a q_block's rows of it load without bounds checks.
 constexpr int kRowPad = 128;
@@ -1075,77 +1099,115 @@ __device__ __forceinline__ int dq_warp_col0(int warp) {
 // ------------------------------------------------------------------------------------------
 
 // Every kv_block adds its dS K_j into the q_block's slice of dq_accum, and fp32 addition is not
-// associative: the order of the adds decides the last bits. In deterministic mode each warp's
-// stretch of the slice (dq_fragment_index: the same warp of every thread block adds into the
-// same floats) receives its adds in kv_block order 0, 1, 2, ... A counter per (batch, head,
-// q_block, warp) in device memory, zeroed by the preprocess, counts the kv_blocks whose adds
-// have landed; the warp of kv_block j waits until it reads j (wait_dq_turn), adds, and once its
-// adds have completed increments it (pass_dq_turn). README "Deterministic mode" has the
-// diagram, why no wait can deadlock and why the thread blocks walk their q_blocks backwards.
+// associative: the order of the adds decides the last bits. In deterministic mode the slice
+// receives its adds in kv_block order 0, 1, 2, ...: a counter per (batch, head, q_block) in
+// device memory, zeroed by the preprocess, counts the kv_blocks whose adds have landed. One
+// thread of the thread block of kv_block j (the hand-off thread) waits until it reads j: the
+// block's turn. The block adds, and the turn is passed on (the counter incremented) once the
+// adds have landed. Taking a turn and passing one on each need a gpu-scope fence
+// (`MEMBAR.ALL.GPU` in SASS), which costs about a round trip to L2 on the critical path, so
+// one fence does both: the one that takes the turn of the next q_block passes this one on.
+// (Variants 0 and 1 of FA_BWD_DQ_HANDOFF: a counter per warp, with two fences or one.)
+// README "Deterministic mode" has the diagram, why no wait can deadlock and why the thread
+// blocks walk their q_blocks backwards.
 
-/// Lane 0 of a waiting warp traps after this long: a broken ordering fails instead of hanging.
+/// The hand-off thread traps after waiting this long: a broken ordering fails, never hangs.
 constexpr unsigned long long kDqTurnTimeoutNs = 10'000'000'000ull;
 
-/// A warp's turn in the order of the adds into its stretch of one q_block's dQ (deterministic
-/// mode): its counter, its place in the order, and what lane 0 read from the counter early.
+/// A turn in the order of the adds into one q_block's dQ (deterministic mode): its counter and
+/// what the hand-off thread read from it early. Counters are indices into `dq_counters` (one
+/// `int` per row of the per-row scratch, fewer than 2^31: its dq_accum has d floats per row).
 struct DqTurn {
-  int* counter;  ///< this (batch, head, q_block, warp)'s counter; null: no turn to take
-  int rank;      ///< the kv_blocks that add before this one (= its kv_block index)
-  int seen;      ///< lane 0: the counter as last read
+  int counter;  ///< the (batch, head, q_block) counter (per warp: its stretch's)
+  int seen;     ///< the counter as last read
 };
 
-/// Starts a turn: lane 0 reads the counter without waiting for the value (`ld.relaxed`, no
-/// ordering), so that the load's latency hides behind the products before wait_dq_turn.
-__device__ __forceinline__ DqTurn look_at_dq_turn(int* counter, int rank, int lane) {
-  DqTurn turn{counter, rank, -1};
-  if (lane == 0)
-    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(turn.seen) : "l"(counter) : "memory");
+/// What the hand-off thread carries from one q_block to the next (kDqPassLater): the counter
+/// of the last turn it took and has not passed on yet, -1 if none.
+struct DqOrder {
+  int pending = -1;  ///< the counter of the turn to pass on at the next fence
+};
+
+/// The thread that takes and passes the turns: thread 0 of the thread block
+/// (kDqTurnPerBlock), or lane 0 of every warp.
+__device__ __forceinline__ bool is_dq_handoff_thread(int tid) {
+  return kDqTurnPerBlock ? tid == 0 : tid % 32 == 0;
+}
+
+/// The counter of a turn in the order of the q_block whose slice of the per-row scratch starts
+/// at row `row0`: the slice's first row serves the thread block, or its first rows the warps.
+__device__ __forceinline__ int dq_turn_counter(int64_t row0, int warp) {
+  return static_cast<int>(row0) + (kDqTurnPerBlock ? 0 : warp);
+}
+
+/// Starts a turn: the hand-off thread reads the counter without waiting for the value
+/// (`ld.relaxed`, no ordering), so that the load's latency hides behind the work before
+/// take_dq_turn.
+__device__ __forceinline__ DqTurn look_at_dq_turn(int* counters, int counter, bool handoff) {
+  DqTurn turn{counter, -1};
+  if (handoff)
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];"
+                 : "=r"(turn.seen)
+                 : "l"(counters + counter)
+                 : "memory");
   return turn;
 }
 
-/// Waits for the warp's turn: lane 0 reads the counter until it equals the rank (every
-/// kv_block before this one has added), then makes the adds it waited for happen before its
-/// own: `fence.acq_rel.gpu` after the load that saw the release (acquire) and, for the
-/// TMA's bulk reduction, `fence.proxy.async.global`. The other lanes follow lane 0
-/// (__syncwarp). A counter past the rank, or a wait longer than kDqTurnTimeoutNs, traps.
-__device__ __forceinline__ void wait_dq_turn(DqTurn& turn, int lane) {
-  if (lane == 0) {
-    if (turn.seen != turn.rank) {
-      unsigned long long start, now;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-      do {
-        asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];"
-                     : "=r"(turn.seen)
-                     : "l"(turn.counter)
-                     : "memory");
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-        if (turn.seen > turn.rank || now - start > kDqTurnTimeoutNs) __trap();
-      } while (turn.seen != turn.rank);
-    }
-    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+/// Takes the turn (the hand-off thread; the caller makes the others wait for it): reads the
+/// counter until it equals `rank` (its kv_block index: every kv_block before it has added),
+/// then `fence.acq_rel.gpu`, after which this thread's adds happen after the ones it waited
+/// for (acquire) and, before the TMA's bulk reduction (kBulk), `fence.proxy.async.global`.
+/// With kDqPassLater the same fence passes the pending turn on: the relaxed increment after
+/// it is a release of the adds that completed before the fence (the callers see to that:
+/// wait_dq_adds_landed, or a barrier after `red` adds). A counter past the rank, or a wait
+/// longer than kDqTurnTimeoutNs, traps.
+template <bool kBulk>
+__device__ __forceinline__ void take_dq_turn(int* counters, DqTurn& turn, int rank,
+                                             DqOrder& order) {
+  if (turn.seen != rank) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+      asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];"
+                   : "=r"(turn.seen)
+                   : "l"(counters + turn.counter)
+                   : "memory");
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+      if (turn.seen > rank || now - start > kDqTurnTimeoutNs) __trap();
+    } while (turn.seen != rank);
+  }
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+  if (kDqPassLater && order.pending >= 0)
+    asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(counters + order.pending)
+                 : "memory");
+  if constexpr (kBulk) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 #endif
   }
-  __syncwarp();
+  order.pending = kDqPassLater ? turn.counter : -1;
 }
 
-/// Passes the turn on once the warp's adds have completed: after a bulk reduction (kBulk) lane
-/// 0, which issued it, waits for its completion (`cp.async.bulk.wait_group 0`, which makes
-/// its writes visible to lane 0); after `red` adds the lanes meet in __syncwarp (their adds
-/// then happen before lane 0's next operation). Then lane 0 increments the counter with
-/// release semantics (`red.release.gpu`: every add before it is visible to whoever reads the
-/// new value).
-template <bool kBulk>
-__device__ __forceinline__ void pass_dq_turn(const DqTurn& turn, int lane) {
-  if constexpr (kBulk) {
-    if (lane == 0) bulk_wait<false>();
-  } else {
-    __syncwarp();
-  }
-  if (lane == 0)
-    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn.counter) : "memory");
+/// Passes a turn on by itself (`red.release.gpu`: a fence, then the increment; nothing if
+/// `counter` is -1): every turn in variant 0, the last one of a thread block otherwise. Its
+/// adds must have completed: a bulk reduction waited for by the thread that issued it
+/// (`cp.async.bulk.wait_group 0`, which makes its writes visible to that thread), `red` adds
+/// followed by a barrier of the threads that issued them.
+__device__ __forceinline__ void pass_dq_turn(int* counters, int counter) {
+  if (counter >= 0)
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counters + counter) : "memory");
 }
+
+/// Named barrier `id` of `count` threads: waits for the others (sync) or only signals (arrive).
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+/// See named_barrier_sync.
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+/// The named barrier of the dQ stage (barrier 0 is __syncthreads').
+constexpr int kDqStageBarrier = 1;
 
 // ------------------------------------------------------------------------------------------
 // The order of the thread blocks
@@ -1378,6 +1440,13 @@ __device__ __forceinline__ void compute_ds_t_from_smem(float (&dp)[kMTiles][kNTi
     }
 }
 
+/// This thread block's place in the order of the dQ adds (deterministic mode): kv_block j adds
+/// after the j kv_blocks before it.
+template <class Tr>
+__device__ __forceinline__ int dq_rank(const BwdBlock<Tr>& b) {
+  return b.kv_start / Tr::kBlockN;
+}
+
 /// What accumulate_dq leaves to issue_dq and release_dq: where the warp's staged dQ goes (null:
 /// nothing staged) and, in deterministic mode, its turn in the order of the adds.
 struct DqHandoff {
@@ -1392,28 +1461,35 @@ struct DqHandoff {
 /// diagonal) or do not exist are skipped. With a dQ stage (sm_90, large shapes) the fragments
 /// are only staged in shared memory, in the dq_accum layout, for issue_dq: the registers are
 /// free as soon as the stores are issued, no red.global queue. In deterministic mode
-/// (kOrderedDq) the adds wait for the warp's turn (DqTurn), whose counter lane 0 reads
-/// before the product; a warp with nothing to add takes no turn: under causal masking those
-/// are the last kv_blocks of the q_block's order (the empty rows of kv_block j are empty
-/// for every later kv_block too), so no warp waits for them.
+/// (kOrderedDq) the adds wait for the turn (DqTurn, taken here before `red` adds, in issue_dq
+/// before a bulk reduction), whose counter the hand-off thread reads early. A thread block
+/// with one turn (kDqTurnPerBlock) takes it at every q_block of its walk (each has a row that
+/// sees one of its keys), and its warps without rows stage zeros (+0 leaves dq_accum's bits
+/// as they are). A warp with its own turn and nothing to add takes no turn: under causal
+/// masking those are the last kv_blocks of the q_block's order (the empty rows of kv_block j
+/// are empty for every later kv_block too), so no warp waits for them.
 template <class Tr, typename T, bool kOrderedDq>
-__device__ __forceinline__ DqHandoff accumulate_dq(const BwdBlock<Tr>& b) {
+__device__ __forceinline__ DqHandoff accumulate_dq(const BwdBlock<Tr>& b, DqOrder& order) {
   using Ds = DsLayout<Tr::kBlockM>;
-  DqHandoff h{nullptr, {nullptr, 0, 0}};
+  constexpr bool kStaged = Tr::kDqStage && kHasBulkReduce;
+  constexpr bool kBlockTurn = kOrderedDq && kDqTurnPerBlock;  // every warp takes part
+  DqHandoff h{nullptr, {-1, -1}};
   const int64_t row0 =  // the q_block's first row in the per-row scratch
       (static_cast<int64_t>(b.batch) * b.f.heads + b.head) * b.seqlen_q_pad + b.q_start;
   float* const dst = b.dq_accum + row0 * Tr::kHeadDim;  // the q_block's slice of dq_accum
   const int dq_row0 = dq_warp_row0<Tr>(b.warp), dq_col0 = dq_warp_col0<Tr>(b.warp);
   const bool rows_empty = b.q_start + dq_row0 >= b.f.seqlen_q ||
                           (b.f.causal && b.q_start + dq_row0 + 31 + b.diag < b.kv_start);
-  if (rows_empty) return h;
-  if constexpr (kOrderedDq)
-    h.turn = look_at_dq_turn(b.dq_counters + row0 + b.warp, b.kv_start / Tr::kBlockN, b.lane);
+  if (rows_empty && !kBlockTurn) return h;
+  const bool handoff = is_dq_handoff_thread(b.tid);
+  const int counter = dq_turn_counter(row0, b.warp);
+  if constexpr (kOrderedDq && !kStaged) h.turn = look_at_dq_turn(b.dq_counters, counter, handoff);
   float dq[2][Tr::kDqNTiles][4];
   zero(dq);
-  warp_gemm<T, Tr::kBlockN / 16>(dq, SmemAt<Ds>(b.ds_tile, dq_row0, b.lane),
-                                 SmemB<Tr>(b.k_tile, 0, dq_col0, b.lane));
-  if constexpr (Tr::kDqStage && kHasBulkReduce) {
+  if (!rows_empty)
+    warp_gemm<T, Tr::kBlockN / 16>(dq, SmemAt<Ds>(b.ds_tile, dq_row0, b.lane),
+                                   SmemB<Tr>(b.k_tile, 0, dq_col0, b.lane));
+  if constexpr (kStaged) {
     if (b.lane == 0) bulk_wait<true>();  // the previous reduction has read the stage
     __syncwarp();
 #pragma unroll
@@ -1423,42 +1499,95 @@ __device__ __forceinline__ DqHandoff accumulate_dq(const BwdBlock<Tr>& b) {
         *reinterpret_cast<float4*>(b.dq_stage + 4 * dq_fragment_index<Tr>(mt, nd, b.tid)) =
             make_float4(dq[mt][nd][0], dq[mt][nd][1], dq[mt][nd][2], dq[mt][nd][3]);
     h.dst = dst;
+    if constexpr (kOrderedDq)
+      h.turn = look_at_dq_turn(b.dq_counters, counter, handoff);  // after dV
   } else {
-    if constexpr (kOrderedDq) wait_dq_turn(h.turn, b.lane);
+    if constexpr (kOrderedDq) {  // the others wait for the hand-off thread's turn
+      if (handoff) take_dq_turn<false>(b.dq_counters, h.turn, dq_rank<Tr>(b), order);
+      if constexpr (kDqTurnPerBlock)
+        __syncthreads();
+      else
+        __syncwarp();
+    }
+    if (!rows_empty) {
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int nd = 0; nd < Tr::kDqNTiles; ++nd)
-        atomic_add4(dst + 4 * dq_fragment_index<Tr>(mt, nd, b.tid), dq[mt][nd]);
-    if constexpr (kOrderedDq) pass_dq_turn<false>(h.turn, b.lane);
+        for (int nd = 0; nd < Tr::kDqNTiles; ++nd)
+          atomic_add4(dst + 4 * dq_fragment_index<Tr>(mt, nd, b.tid), dq[mt][nd]);
+    }
+    if constexpr (kOrderedDq && !kDqPassLater) {  // variant 0: pass the turn on at once
+      __syncwarp();
+      if (handoff) pass_dq_turn(b.dq_counters, counter);
+    }
   }
   return h;
 }
 
-/// Hands the warp's staged dQ (accumulate_dq's result) to the TMA: one lane issues a bulk
-/// reduction of the warp's stretch, in deterministic mode once it is the warp's turn. The
-/// fence (MEMBAR + FENCE.VIEW.ASYNC in SASS) waits until this thread's stores to the stage
-/// have completed, so it goes one product after the stores, not right behind them (NOTES.md,
-/// change 4).
+/// Hands the staged dQ (accumulate_dq's result) to the TMA: one lane issues a bulk reduction of
+/// the warp's stretch or, with one turn per thread block (kDqTurnPerBlock, deterministic
+/// mode), once every warp has staged its stretch, thread 0 issues one of the whole slice; in
+/// deterministic mode once it is the turn. The fence (MEMBAR + FENCE.VIEW.ASYNC in SASS)
+/// waits until this thread's stores to the stage have completed, so it goes one product after
+/// the stores, not right behind them (NOTES.md, change 4).
 template <class Tr, bool kOrderedDq>
-__device__ __forceinline__ void issue_dq(const BwdBlock<Tr>& b, DqHandoff& h) {
+__device__ __forceinline__ void issue_dq(const BwdBlock<Tr>& b, DqHandoff& h, DqOrder& order) {
   if constexpr (Tr::kDqStage && kHasBulkReduce) {
     fence_proxy_async_shared();
-    __syncwarp();
-    if (h.dst != nullptr) {
-      if constexpr (kOrderedDq) wait_dq_turn(h.turn, b.lane);
-      const int part = b.warp * Tr::kDqWarpFloats;  // this warp's stretch of the dQ slice
-      if (b.lane == 0) bulk_reduce_add(h.dst + part, b.dq_stage + part, Tr::kDqWarpFloats * 4);
+    if constexpr (kOrderedDq && kDqTurnPerBlock) {
+      if (b.warp == 0) {  // the turn's fence overlaps the other warps' last work
+        if (b.lane == 0) take_dq_turn<true>(b.dq_counters, h.turn, dq_rank<Tr>(b), order);
+        __syncwarp();
+        named_barrier_sync(kDqStageBarrier, Tr::kNumThreads);  // the whole slice is staged
+        if (b.lane == 0) bulk_reduce_add(h.dst, b.dq_stage, Tr::kBlockM * Tr::kHeadDim * 4);
+      } else {
+        named_barrier_arrive(kDqStageBarrier, Tr::kNumThreads);
+      }
+    } else {
+      __syncwarp();
+      if (h.dst != nullptr) {
+        const int part = b.warp * Tr::kDqWarpFloats;  // this warp's stretch of the dQ slice
+        if (b.lane == 0) {
+          if constexpr (kOrderedDq)
+            take_dq_turn<true>(b.dq_counters, h.turn, dq_rank<Tr>(b), order);
+          bulk_reduce_add(h.dst + part, b.dq_stage + part, Tr::kDqWarpFloats * 4);
+        }
+      }
     }
   }
 }
 
-/// Deterministic mode, after issue_dq: passes the warp's turn on once its bulk reduction has
-/// completed (one product later, so that the TMA adds while the warp computes \f$dK\f$).
+/// Deterministic mode, variant 0 (FA_BWD_DQ_HANDOFF): after issue_dq, passes the warp's turn
+/// on once its bulk reduction has completed (one product later, so that the TMA adds while
+/// the warp computes \f$dK\f$).
 template <class Tr, bool kOrderedDq>
 __device__ __forceinline__ void release_dq(const BwdBlock<Tr>& b, const DqHandoff& h) {
-  if constexpr (kOrderedDq && Tr::kDqStage && kHasBulkReduce)
-    if (h.dst != nullptr) pass_dq_turn<true>(h.turn, b.lane);
+  if constexpr (kOrderedDq && !kDqPassLater && Tr::kDqStage && kHasBulkReduce) {
+    if (h.dst != nullptr && b.lane == 0) {
+      bulk_wait<false>();
+      pass_dq_turn(b.dq_counters, h.turn.counter);
+    }
+  }
+}
+
+/// Deterministic mode (kDqPassLater), at the top of a q_block, before its first barrier: the
+/// hand-off threads wait until the bulk reductions they issued in the previous q_block have
+/// completed, so that the next fence may pass their turn on (and, with one turn per thread
+/// block, every warp may rewrite the stage after that barrier).
+template <class Tr>
+__device__ __forceinline__ void wait_dq_adds_landed(const BwdBlock<Tr>& b) {
+  if constexpr (kDqPassLater && Tr::kDqStage && kHasBulkReduce)
+    if (is_dq_handoff_thread(b.tid)) bulk_wait<false>();
+}
+
+/// Deterministic mode, after the last q_block (kDqPassLater): passes the pending turn on once
+/// its adds have completed (the bulk reduction waited for by the caller; `red` adds: a barrier).
+template <class Tr, bool kOrderedDq>
+__device__ __forceinline__ void pass_last_dq_turn(const BwdBlock<Tr>& b, const DqOrder& order) {
+  if constexpr (kOrderedDq && kDqPassLater) {
+    if constexpr (!(Tr::kDqStage && kHasBulkReduce)) __syncthreads();
+    if (is_dq_handoff_thread(b.tid)) pass_dq_turn(b.dq_counters, order.pending);
+  }
 }
 
 /// Algorithm 2, line 17: \f$dK_j \mathrel{+}= dS^T Q_i\f$ (the softmax scale is applied once,
@@ -1477,12 +1606,13 @@ __device__ __forceinline__ void accumulate_dk(float (&dk_acc)[kMTiles][kNTiles][
 /// computes dV and dK for its 32 keys and half of the head dimension over all queries, and
 /// dQ for its rows. Line 13 (dV) moves after line 15: it reads \f$P^T\f$ of every warp. dQ
 /// goes first and its bulk reduction (sm_90) after dV, so that the TMA adds during dK; in
-/// deterministic mode the warp waits for its turn before the reduction and passes it on
-/// after dK.
+/// deterministic mode the turn is taken before the reduction (and, in variant 0 of
+/// FA_BWD_DQ_HANDOFF, passed on after dK; else by the next q_block's fence, `order`).
 template <class Tr, typename T, bool kOrderedDq>
-__device__ __forceinline__ void q_block_p_in_smem(
-    const BwdBlock<Tr>& b, float (&dv_acc)[Tr::kKvMTiles][Tr::kKvNTiles][4],
-    float (&dk_acc)[Tr::kKvMTiles][Tr::kKvNTiles][4]) {
+__device__ __forceinline__ void q_block_p_in_smem(const BwdBlock<Tr>& b,
+                                                  float (&dv_acc)[Tr::kKvMTiles][Tr::kKvNTiles][4],
+                                                  float (&dk_acc)[Tr::kKvMTiles][Tr::kKvNTiles][4],
+                                                  DqOrder& order) {
   using Ds = DsLayout<Tr::kBlockM>;
   // Elements need the mask only where the key does not exist (ragged last kv_block) or,
   // under causal masking, j > i + diag: only q_blocks that cross the diagonal test them.
@@ -1510,8 +1640,8 @@ __device__ __forceinline__ void q_block_p_in_smem(
     store_tile_fragments<Ds>(b.pt_tile, zero_frag, b.key0, b.query0, b.lane);
     store_tile_fragments<Ds>(b.ds_tile, zero_frag, b.key0, b.query0, b.lane);
   }
-  __syncthreads();                                         // P^T, dS^T of the whole block are in
-  DqHandoff dq_add = accumulate_dq<Tr, T, kOrderedDq>(b);  // line 16 (staged on sm_90)
+  __syncthreads();  // P^T, dS^T of the whole block are in
+  DqHandoff dq_add = accumulate_dq<Tr, T, kOrderedDq>(b, order);  // line 16 (staged on sm_90)
   // Warp (n, c) owns keys key0 + [0, 32) and head-dim columns kv_col0 + [0, d / 2), all
   // queries of the q_block. Keys that see no query are skipped.
   const bool keys_empty =
@@ -1519,7 +1649,7 @@ __device__ __forceinline__ void q_block_p_in_smem(
       (b.f.causal && b.kv_start + b.key0 > b.q_start + Tr::kBlockM - 1 + b.diag);
   if (!keys_empty)  // line 13
     accumulate_dv<Tr, T, Tr::kBlockM / 16>(dv_acc, SmemA<Ds>(b.pt_tile, b.key0, b.lane), b, 0);
-  issue_dq<Tr, kOrderedDq>(b, dq_add);
+  issue_dq<Tr, kOrderedDq>(b, dq_add, order);
   if (!keys_empty)  // line 17
     accumulate_dk<Tr, T, Tr::kBlockM / 16>(dk_acc, SmemA<Ds>(b.ds_tile, b.key0, b.lane), b, 0);
   release_dq<Tr, kOrderedDq>(b, dq_add);
@@ -1696,6 +1826,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
   float dv_acc[Tr::kKvMTiles][Tr::kKvNTiles][4], dk_acc[Tr::kKvMTiles][Tr::kKvNTiles][4];
   zero(dv_acc);
   zero(dk_acc);
+  DqOrder order;  // deterministic mode: the turn to pass on
 
   // Iteration it visits (query head, q_block) = (head, q_block): the q_blocks of one head,
   // then the next head of the group (counters, not it / m_count: no integer division).
@@ -1712,6 +1843,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
     b.head = head;
 
     fa::cp_async_wait<0>();
+    if constexpr (kOrderedDq) wait_dq_adds_landed(b);
     __syncthreads();  // Q_i, dO_i, lse, D have landed; every warp is done with the other buffer
     if (it + 1 < n_iters)
       load_q_block<Tr, T>(args, b, lse_log2, d_row, seqlen_q_pad, next_head, next_q_block, buf ^ 1,
@@ -1719,7 +1851,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
     fa::cp_async_commit();
 
     if constexpr (Tr::kPtInSmem) {
-      q_block_p_in_smem<Tr, T, kOrderedDq>(b, dv_acc, dk_acc);
+      q_block_p_in_smem<Tr, T, kOrderedDq>(b, dv_acc, dk_acc, order);
     } else {
       q_block_p_in_registers<Tr, T>(b, dv_acc, dk_acc);
       __syncthreads();  // dS^T is in; dO_i has been read
@@ -1729,7 +1861,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
                               buf ^ 1, false, true);
         fa::cp_async_commit();
       }
-      accumulate_dq<Tr, T, kOrderedDq>(b);  // line 16
+      accumulate_dq<Tr, T, kOrderedDq>(b, order);  // line 16
     }
     head = next_head;
     q_block = next_q_block;
@@ -1738,6 +1870,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
   // Epilogue: dV_j and scale * dK_j, the partials of the query-splitting warps summed.
   fa::cp_async_wait<0>();
   if (b.lane == 0) bulk_wait<false>();  // the dQ reductions are done (the stage is reused)
+  pass_last_dq_turn<Tr, kOrderedDq>(b, order);
   float* const staging = reinterpret_cast<float*>(smem);
   T* const dv = static_cast<T*>(args.dv.ptr) + b.batch * args.dv.batch_stride +
                 b.head_kv * args.dv.head_stride + b.kv_start * args.dv.row_stride;
@@ -1814,26 +1947,28 @@ fa_status set_smem(Kernel kernel, int bytes, const char* name) {
 }
 
 /// The one-dimensional grid of `num_blocks` thread blocks for each of `num_pairs` (batch,
-/// head) pairs, and the group size decode_block_order reads: with `grouped` a group holds at
-/// least 4 waves of resident thread blocks, enough for the longest-first order to balance the
-/// SMs under causal masking and for the ordered dQ adds to find each kv_block one hand-off
-/// behind the one before (README "Deterministic mode"), and no more pairs than that, so that
-/// the thread blocks that read the same tensors run at the same time and share them in L2
-/// (step 06's rule); otherwise a group is one pair and its blocks run in order.
+/// head) pairs, and the group size decode_block_order reads. With `group_waves` > 0 a group
+/// holds at least that many waves of resident thread blocks, enough for the longest-first
+/// order to balance the SMs under causal masking, and no more pairs than that, so that the
+/// thread blocks that read the same tensors run at the same time and share them in L2 (step
+/// 06's rule, 4 waves); with 0 every pair is in one group (deterministic mode: a pair then has
+/// few thread blocks resident at once, each one hand-off behind the one before, README
+/// "Deterministic mode"); with -1 a group is one pair and its blocks run in order.
 template <typename Kernel>
 fa_status block_order(Kernel kernel, int threads, int smem_bytes, int64_t num_blocks,
-                      int64_t num_pairs, bool grouped, dim3* grid, int* group_pairs) {
+                      int64_t num_pairs, int group_waves, dim3* grid, int* group_pairs) {
   if (num_blocks * num_pairs > INT32_MAX)
     return fa::set_error(FA_ERR_UNSUPPORTED, "07_backward: more than 2^31 - 1 thread blocks");
-  int64_t pairs = 1;
-  if (grouped) {
+  int64_t pairs = group_waves == 0 ? num_pairs : 1;
+  if (group_waves > 0) {
     int device = 0, num_sms = 0, blocks_per_sm = 0;
     FA_CUDA_TRY(cudaGetDevice(&device));
     FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
     FA_CUDA_TRY(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem_bytes));
     const int64_t resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
-    const int64_t num_groups = std::max<int64_t>(1, num_blocks * num_pairs / (4 * resident));
+    const int64_t num_groups =
+        std::max<int64_t>(1, num_blocks * num_pairs / (group_waves * resident));
     pairs = (num_pairs + num_groups - 1) / num_groups;
   }
   *grid = dim3(static_cast<unsigned>(num_blocks * num_pairs));
@@ -1857,10 +1992,10 @@ fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_
   if (status != FA_OK) return status;
   dim3 grid;
   int group_pairs = 1;
-  status = block_order(kernel, Tr::kNumThreads, Tr::kSmemBytes,
-                       (f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN,
-                       static_cast<int64_t>(f.batch) * f.heads_kv,
-                       (f.causal && kLongestFirst) || ordered, &grid, &group_pairs);
+  status = block_order(
+      kernel, Tr::kNumThreads, Tr::kSmemBytes, (f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN,
+      static_cast<int64_t>(f.batch) * f.heads_kv,
+      ordered ? kDetGroupWaves : (f.causal && kLongestFirst ? 4 : -1), &grid, &group_pairs);
   if (status != FA_OK) return status;
   kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
       args, dq_accum, dq_counters, lse_log2, d_row, seqlen_q_pad, scale_log2, group_pairs);
@@ -1908,6 +2043,8 @@ fa_status launch_backward(const fa_bwd_args& args, cudaStream_t stream) {
   const int seqlen_q_pad = (f.seqlen_q + kRowPad - 1) / kRowPad * kRowPad;
   const size_t rows = static_cast<size_t>(f.batch) * f.heads * seqlen_q_pad;
   const size_t counters = args.deterministic ? rows : 0;
+  if (counters > INT32_MAX)  // DqTurn indexes them with an int (dq_accum alone: > 512 GiB)
+    return fa::set_error(FA_ERR_UNSUPPORTED, "07_backward: more than 2^31 - 1 rows");
   const size_t bytes = (rows * kHeadDim + 2 * rows) * sizeof(float) + counters * sizeof(int);
   float* scratch = nullptr;
   const cudaError_t alloc = cudaMallocAsync(&scratch, bytes, stream);

@@ -39,6 +39,16 @@ OUT=$out timeout 90 python3 common/python/compare.py --decode --steps 06_causal_
   > "$out/compare_decode.log" 2>&1
 note "compare.py --decode: rc=$? $(tail -1 "$out/compare_decode.log")"
 
+# 2b. 07's deterministic backward against its default, same seed, A B A B (runner)
+for d in 64 128; do for c in "" --causal; do for n in 4096 16384; do
+  for mode in "" --deterministic "" --deterministic; do
+    ./build/bin/07_backward --backward $mode --seqlen $n --head-dim $d $c --batch $((16384 / n)) \
+      --heads $((2048 / d)) --seed 7 --warmup 3 --repeats 10 --no-ceilings 2>&1 | tail -1 \
+      | sed "s/^/det[${mode:-default}] /"
+  done
+done; done; done > "$out/determ_timing.txt" 2>&1
+note "07 deterministic vs default timed: $(grep -c ' ok ' "$out/determ_timing.txt") checked rows ok of $(wc -l < "$out/determ_timing.txt")"
+
 # 3. the bench sweep
 timeout 120 ./build/bin/bench --out "$out/nvidia-h200_bench.json" > "$out/bench.txt" 2> "$out/bench_progress.log"
 note "bench: rc=$?"

@@ -38,7 +38,6 @@
 #include <string>
 #include <thread>
 #include <tuple>
-#include <type_traits>
 
 #include "fa/api.h"
 #include "fa/check.cuh"
@@ -62,15 +61,19 @@ namespace {
 #ifndef FA_FWD_BLOCK_N_D128
 #define FA_FWD_BLOCK_N_D128 64
 #endif
-// The tile for few query rows (DecodeTileShape): K/V rows per block and pipeline stages.
+// The tile for few query rows (DecodeTileShape): K/V rows per block and pipeline stages per
+// head dimension. d = 128: the fastest of seven tiles measured on the H200 (NOTES.md).
 #ifndef FA_DECODE_BLOCK_N_D64
 #define FA_DECODE_BLOCK_N_D64 64
 #endif
-#ifndef FA_DECODE_BLOCK_N_D128
-#define FA_DECODE_BLOCK_N_D128 32
+#ifndef FA_DECODE_STAGES_D64
+#define FA_DECODE_STAGES_D64 4
 #endif
-#ifndef FA_DECODE_STAGES
-#define FA_DECODE_STAGES 4
+#ifndef FA_DECODE_BLOCK_N_D128
+#define FA_DECODE_BLOCK_N_D128 64
+#endif
+#ifndef FA_DECODE_STAGES_D128
+#define FA_DECODE_STAGES_D128 2
 #endif
 
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
@@ -94,44 +97,21 @@ struct TileShape<128> {
 };
 
 /// The tile for few query rows (decoding): 64 rows, 16 per warp, and kStages K/V stages in a
-/// ring, so that kStages - 1 of them are in flight while one is computed. Packed decode
-/// problems have 1..64 rows per K/V head and do little arithmetic per key (\f$4 d\f$ FLOPs
-/// per key and row): the time is the time to read K and V, and what keeps the memory busy is
-/// the bytes in flight. Shared memory: \f$(64 + 2 \cdot 4 B_c)\, d \cdot 2\f$ bytes, 72 KiB
-/// (d = 64, \f$B_c\f$ = 64) and 80 KiB (d = 128, \f$B_c\f$ = 32): every sm_80+ GPU, two
-/// thread blocks per SM on the A100 and the H100/H200, 96 KiB of K/V in flight per SM.
+/// ring, so that kStages - 1 of them load while one is computed. Packed decode problems have
+/// 1..64 rows per K/V head and do little arithmetic per key (\f$4 d\f$ FLOPs per key and
+/// row): the time is the time to read K and V. At d = 128, 64 keys in 2 stages read fastest
+/// of the tiles measured on the H200 (NOTES.md): half the loop iterations and barriers per
+/// byte of 32-key blocks; deeper rings did not help. Shared memory: \f$(64 + 2 \cdot
+/// k_{stages} B_c)\, d \cdot 2\f$ bytes, 72 KiB (d = 64: 64 keys, 4 stages) and 80 KiB
+/// (d = 128: 64 keys, 2 stages): every sm_80+ GPU, two thread blocks per SM on the A100 and
+/// the H100/H200.
 template <int kHeadDim>
 struct DecodeTileShape {
-  static constexpr int kBlockM = 64, kNumWarps = 4, kStages = FA_DECODE_STAGES;
+  static constexpr int kBlockM = 64, kNumWarps = 4;
   static constexpr bool kPackHeads = true;  ///< query heads of a K/V head share the tile
   static constexpr int kBlockN = kHeadDim == 64 ? FA_DECODE_BLOCK_N_D64 : FA_DECODE_BLOCK_N_D128;
+  static constexpr int kStages = kHeadDim == 64 ? FA_DECODE_STAGES_D64 : FA_DECODE_STAGES_D128;
 };
-
-#ifdef FA_SPLITKV_TUNING
-/// Candidate decode tiles for one measuring run on the H200 (issue 18): picked at run time
-/// by FA_SPLITKV_TILE=<B_c>x<stages>[h] (fp16, d = 128 only; h: the K/V loads carry an L2
-/// prefetch hint of 256 bytes) and measured side by side with the default by
-/// common/scripts/gpu/splitkv_tune.py. These blocks go once the run has chosen.
-template <int kBlockN_, int kStages_, bool kL2Hint_ = false>
-struct DecodeTileCandidate : DecodeTileShape<128> {
-  static constexpr int kBlockN = kBlockN_, kStages = kStages_;
-  static constexpr bool kL2Hint = kL2Hint_;
-};
-
-/// Whether a tile shape asks for the L2 prefetch hint (only candidates do).
-template <class Shape, class = void>
-struct HasL2Hint : std::false_type {};
-template <class Shape>
-struct HasL2Hint<Shape, std::void_t<decltype(Shape::kL2Hint)>>
-    : std::integral_constant<bool, Shape::kL2Hint> {};
-
-/// cp.async of 16 bytes with the hint that L2 should fetch the whole 256-byte block around
-/// them from memory (PTX .L2::256B): the tuning candidate's load.
-__device__ __forceinline__ void cp_async_16_l2_256(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(fa::smem_u32(smem)),
-               "l"(gmem), "r"(valid ? 16 : 0));
-}
-#endif
 
 /// Every size the kernel derives from the tile shape, in one place.
 template <int kHeadDim_, class Shape = TileShape<kHeadDim_>>
@@ -142,9 +122,6 @@ struct Traits {
   static constexpr int kNumWarps = Shape::kNumWarps;
   static constexpr int kStages = Shape::kStages;         ///< K/V tiles in the shared-memory ring
   static constexpr bool kPackHeads = Shape::kPackHeads;  ///< else one query head per tile
-#ifdef FA_SPLITKV_TUNING
-  static constexpr bool kL2Hint = HasL2Hint<Shape>::value;  ///< (tuning candidates)
-#endif
   static constexpr int kNumThreads = 32 * kNumWarps;
   static constexpr int kWarpRows = kBlockM / kNumWarps;  ///< Q rows owned by one warp
   static constexpr int kMTiles = kWarpRows / 16;         ///< m16 mma tiles per warp
@@ -203,13 +180,6 @@ __device__ __forceinline__ void load_tile_async(char* smem_tile, const T* gmem, 
   for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
     const bool valid = row + pass * kRowsPerPass < seqlen;
     // An invalid row reads nothing; it still gets an address inside the tensor (row 0).
-#ifdef FA_SPLITKV_TUNING
-    if constexpr (Tr::kL2Hint) {
-      cp_async_16_l2_256(dst + pass * kRowsPerPass * Tr::kRowBytes, valid ? src : gmem, valid);
-      src += kRowsPerPass * row_stride;
-      continue;
-    }
-#endif
     fa::cp_async_16(dst + pass * kRowsPerPass * Tr::kRowBytes, valid ? src : gmem, valid);
     src += kRowsPerPass * row_stride;
   }
@@ -853,56 +823,6 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
         lse == -INFINITY ? INFINITY : lse;
 }
 
-#ifdef FA_SPLITKV_TUNING
-/// The merge as first written, one row per warp reading the splits in turn: the candidate
-/// FA_SPLITKV_COMBINE=serial of issue 18's measuring run (removed once measured).
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(128)
-    combine_splits_serial_kernel(const fa_fwd_args args, const SplitKv split) {
-  constexpr int kCols = kHeadDim / 32;
-  const int pack = split.pack;
-  const int packs = args.heads / pack;
-  const int rows = args.seqlen_q * pack;
-  const int64_t num_rows = static_cast<int64_t>(args.batch) * packs * rows;
-  const int64_t row_id = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
-  if (row_id >= num_rows) return;
-  const int lane = threadIdx.x % 32;
-  const float* const lse_s = split.lse_partial + row_id;
-  float m = -INFINITY;
-  for (int s = lane; s < split.num_splits; s += 32) m = fmaxf(m, lse_s[s * num_rows]);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2)
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  float sum = 0.f;
-  if (m != -INFINITY)
-    for (int s = lane; s < split.num_splits; s += 32) sum += expf(lse_s[s * num_rows] - m);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  const float lse = m == -INFINITY ? -INFINITY : m + logf(sum);
-  float o[kCols] = {};
-  if (lse != -INFINITY)
-    for (int s = 0; s < split.num_splits; ++s) {
-      const float weight = expf(lse_s[s * num_rows] - lse);
-      const float* const o_s = split.o_partial + (s * num_rows + row_id) * kHeadDim + lane * kCols;
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) o[c] = fmaf(weight, o_s[c], o[c]);
-    }
-  const int r = static_cast<int>(row_id % rows);
-  const int pair = static_cast<int>(row_id / rows);
-  const int batch = pair / packs;
-  const int head = (pair % packs) * pack + r % pack;
-  const int i = r / pack;
-  T* const out = static_cast<T*>(args.o.ptr) + batch * args.o.batch_stride + i * args.o.row_stride +
-                 head * args.o.head_stride + lane * kCols;
-#pragma unroll
-  for (int c = 0; c < kCols; c += 2)
-    *reinterpret_cast<uint32_t*>(out + c) = fa::pack2<T>(o[c], o[c + 1]);
-  if (args.lse != nullptr && lane == 0)
-    args.lse[(static_cast<int64_t>(batch) * args.heads + head) * args.seqlen_q + i] =
-        lse == -INFINITY ? INFINITY : lse;
-}
-#endif
-
 // ------------------------------------------------------------------------------------------
 // Launcher
 // ------------------------------------------------------------------------------------------
@@ -1010,14 +930,6 @@ fa_status num_splits_for(int64_t tiles, int64_t resident, int n_blocks, int* num
     *num_splits = static_cast<int>(std::min<long long>(forced, n_blocks));
     return FA_OK;
   }
-#ifdef FA_SPLITKV_TUNING
-  // Candidate heuristic (issue 18's measuring run): FA_SPLITKV_WAVES=w fills w waves of
-  // resident thread blocks instead of one.
-  long long waves = 1;
-  if (fa::env_int("FA_SPLITKV_WAVES", 1, 16, &waves, &error) == fa::EnvStatus::kInvalid)
-    return fa::set_error(FA_ERR_INVALID_ARGUMENT, "%s: %s", FA_STEP_NAME, error.c_str());
-  resident *= waves;
-#endif
   *num_splits = choose_num_splits(tiles, resident, n_blocks);
   return FA_OK;
 }
@@ -1092,14 +1004,6 @@ fa_status launch(const fa_fwd_args& args, int pack, cudaStream_t stream) {
     kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2,
                                                               static_cast<int>(group_pairs), split);
     FA_LAUNCH_TRY();
-#ifdef FA_SPLITKV_TUNING
-    if (const char* c = std::getenv("FA_SPLITKV_COMBINE"); c && std::string(c) == "serial") {
-      combine_splits_serial_kernel<T, kHeadDim>
-          <<<static_cast<unsigned>((merged_rows + 3) / 4), 128, 0, stream>>>(args, split);
-      FA_LAUNCH_TRY();
-      return FA_OK;
-    }
-#endif
     combine_splits_kernel<T, kHeadDim>
         <<<static_cast<unsigned>(merged_rows), 32 * kCombineWarps, 0, stream>>>(args, split);
     FA_LAUNCH_TRY();
@@ -1123,24 +1027,6 @@ fa_status forward_tile(const fa_fwd_args& args, cudaStream_t stream) {
                             ((args.seqlen_q + TileShape<kHeadDim>::kBlockM - 1) /
                              TileShape<kHeadDim>::kBlockM * TileShape<kHeadDim>::kBlockM);
   if (2 * decode_rows <= full_rows) {
-#ifdef FA_SPLITKV_TUNING
-    if constexpr (kHeadDim == 128 && std::is_same<T, __half>::value)
-      if (const char* tile = std::getenv("FA_SPLITKV_TILE")) {
-        const std::string t = tile;
-        const int g = static_cast<int>(group);
-        if (t == "64x3") return launch<T, 128, DecodeTileCandidate<64, 3>>(args, g, stream);
-        if (t == "64x2") return launch<T, 128, DecodeTileCandidate<64, 2>>(args, g, stream);
-        if (t == "32x6") return launch<T, 128, DecodeTileCandidate<32, 6>>(args, g, stream);
-        if (t == "32x3") return launch<T, 128, DecodeTileCandidate<32, 3>>(args, g, stream);
-        if (t == "32x4h") return launch<T, 128, DecodeTileCandidate<32, 4, true>>(args, g, stream);
-        if (t == "64x3h") return launch<T, 128, DecodeTileCandidate<64, 3, true>>(args, g, stream);
-        if (t != "default")
-          return fa::set_error(FA_ERR_INVALID_ARGUMENT,
-                               "FA_SPLITKV_TILE=%s: expected default, 64x3, 64x2, 32x6, 32x3, "
-                               "32x4h or 64x3h",
-                               tile);
-      }
-#endif
     return launch<T, kHeadDim, Decode>(args, static_cast<int>(group), stream);
   }
   return launch<T, kHeadDim, TileShape<kHeadDim>>(args, 1, stream);

@@ -12,7 +12,9 @@ copied in (it must pass) and every planted bug (it must fail, naming the expecte
 
 Every lab and build folder lives in a temporary directory; the repository's labs/ and build/
 are not touched. FA_LAB_TEST_CUDA_ARCH (e.g. 90) is the CUDA architecture the GPU test builds
-for (default: CMake's choice for this machine); FA_LAB_TEST_KEEP=1 keeps its folder.
+for (default: CMake's choice for this machine); FA_LAB_TEST_KEEP=1 keeps its folder;
+FA_LAB_TEST_STEPS (e.g. "03,04") grades the labs of those steps only (default: every lab whose
+step and starting step are in the tree).
 """
 
 import importlib.util
@@ -490,8 +492,11 @@ class LabGpuTests(unittest.TestCase):
         steps = m.known_steps()
         expected = {}  # lab name -> (target, variant, expectation)
         t0 = time.time()
+        only = [s.strip() for s in os.environ.get("FA_LAB_TEST_STEPS", "").split(",") if s.strip()]
         for target in m.lab_defs():
             if not (m.step_present(target) and m.step_present(m.parent_of(target, steps))):
+                continue
+            if only and not any(target.startswith(s) for s in only):
                 continue
             variants = [(f"u{target[:2]}", [], "FAIL: the idea is missing"),
                         (f"r{target[:2]}", ["--reference"], "PASS")]
@@ -504,13 +509,21 @@ class LabGpuTests(unittest.TestCase):
                 expected[name] = (target, "unchanged" if not flags else flags[-1].lstrip("-")
                                   if flags[0] == "--reference" else f"bug {flags[-1]}", expect)
         self.assertTrue(expected, "no lab to grade")
+        # The steps the grade times (the starting steps, baselines and references); all of
+        # them unless FA_LAB_TEST_STEPS picks some labs.
+        needed = set()
+        for target, _, _ in expected.values():
+            speed = m.lab_defs()[target]["speed"]
+            needed |= {target, m.parent_of(target, steps), speed.get("baseline", target)}
 
-        # One build holds every step and every lab.
+        # One build holds every step and every lab; only what grade runs is built (the GPU
+        # test program and the timer, which link every step and lab), not the runners.
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
         dirs = ";".join(str(labs / n) for n in expected)
-        args = cmake_args(only="")[1:]
+        args = cmake_args(only=";".join(sorted(needed)) if only else "")
         for cmd in (["cmake", "-S", ROOT, "-B", build, *gen, "-DCMAKE_BUILD_TYPE=Release",
-                     f"-DFA_LAB_DIRS={dirs}", *args], ["cmake", "--build", build]):
+                     f"-DFA_LAB_DIRS={dirs}", *args],
+                    ["cmake", "--build", build, "--target", "fa_gpu_tests", "fa_lab_timing"]):
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             self.assertEqual(proc.returncode, 0, proc.stdout[-4000:])
         t_build = time.time() - t0
@@ -560,6 +573,12 @@ class LabGpuTests(unittest.TestCase):
         print(f"{'lab':{w[0]}s}  {'step':{w[1]}s}  {'variant':{w[2]}s}  {'expected':{w[3]}s}  got")
         for r in rows:
             print(f"{r[0]:{w[0]}s}  {r[1]:{w[1]}s}  {r[2]:{w[2]}s}  {r[3]:{w[3]}s}  {r[4]}  [{r[5]}]")
+        counts = {v: sum(1 for r in rows if r[2].split()[0] == v) for v in ("unchanged",
+                                                                            "reference", "bug")}
+        print(f"LAB VERDICT: {'PASS' if not problems else 'FAIL'}: {len(rows) - len(problems)} of "
+              f"{len(rows)} graded as expected ({counts['unchanged']} unchanged labs must fail, "
+              f"{counts['reference']} references pass, {counts['bug']} planted bugs fail)"
+              + (f"; not as expected: {', '.join(problems)}" if problems else ""))
         self.assertEqual(problems, [], "labs graded against expectation (table above)")
 
 

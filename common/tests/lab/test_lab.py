@@ -304,6 +304,47 @@ class LabHostTests(unittest.TestCase):
                 self.assertIsNotNone(got, f"{step}: no recorded figure at its shapes")
                 self.assertGreater(got[0], 1.10, step)
 
+    def test_recorded_gain_goes_stale_when_a_step_changes(self):
+        """A gain recorded on the reference GPU stands in for a reference a pack leaves out, but
+        only while neither step's kernel.cu changed after the commit that measured it."""
+        m = self.m
+        root = self.tmp / "stale_repo"
+        (root / "docs" / "results").mkdir(parents=True)
+        env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
+                   GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+
+        def git(*args):
+            return subprocess.run(["git", "-C", str(root), *args], env=env, check=True,
+                                  stdout=subprocess.PIPE, text=True).stdout.strip()
+
+        git("init", "-q")
+        for step in ("01_a", "02_b"):
+            (root / step).mkdir()
+            (root / step / "kernel.cu").write_text("// v1\n")
+        git("add", "-A")
+        git("commit", "-q", "-m", "v1")
+        measured = git("rev-parse", "--short=12", "HEAD")
+        shape = "4,32,32,4096,4096,64,0"
+        rows = [dict(m.parse_shape(shape), step=s, direction="fwd", dtype="fp16", median_ms=ms)
+                for s, ms in (("01_a", 2.0), ("02_b", 1.0))]
+        (root / "docs" / "results" / "gpu_bench.json").write_text(json.dumps(
+            {"gpu": {"name": "Fake GPU"}, "run": {"commit": measured}, "results": rows}))
+        got = m.recorded_gain("01_a", "02_b", "fwd", [shape], root)
+        self.assertAlmostEqual(got[0], 2.0)
+        self.assertEqual(m.recorded_is_stale("01_a", "02_b", "fwd", [shape], root), "")
+        (root / "README.md").write_text("other files may change\n")
+        git("add", "-A")
+        git("commit", "-q", "-m", "docs")
+        self.assertEqual(m.recorded_is_stale("01_a", "02_b", "fwd", [shape], root), "")
+        (root / "02_b" / "kernel.cu").write_text("// v2\n")
+        git("commit", "-q", "-am", "v2")
+        self.assertIn("changed after", m.recorded_is_stale("01_a", "02_b", "fwd", [shape], root))
+        doc = json.loads((root / "docs" / "results" / "gpu_bench.json").read_text())
+        doc["run"]["commit"] = "0123456789ab"
+        (root / "docs" / "results" / "gpu_bench.json").write_text(json.dumps(doc))
+        self.assertIn("not in this history",
+                      m.recorded_is_stale("01_a", "02_b", "fwd", [shape], root))
+
     def test_grade_flow_with_fake_tools(self):
         """lab.py grade from end to end on stand-ins for nvidia-smi, cmake, the GPU test
         program and the timer: an unchanged lab fails the speed check, the reference passes,
@@ -436,6 +477,9 @@ json.dump({'gpu': {'name': 'Fake GPU'}, 'results': rows}, open(val('--out'), 'w'
         self.assertFalse((out / "common" / "labs" / "06_causal_skip.json").exists())
         self.assertTrue((out / "common" / "labs" / "05_split_q.json").exists())
         self.assertTrue((out / "common" / "labs" / "pack.json").exists())
+        pack_meta = json.loads((out / "common" / "labs" / "pack.json").read_text())
+        self.assertIsInstance(pack_meta["stale_recorded"], dict)
+        self.assertLessEqual(set(pack_meta["stale_recorded"]), set(pack_meta["labs"]))
         self.assertEqual(m.fa_steps(out), [s for s in m.fa_steps() if s < target])
         readme = (out / "README.md").read_text()
         self.assertIn("Course pack", readme)

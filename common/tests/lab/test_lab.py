@@ -13,8 +13,8 @@ copied in (it must pass) and every planted bug (it must fail, naming the expecte
 Every lab and build folder lives in a temporary directory; the repository's labs/ and build/
 are not touched. FA_LAB_TEST_CUDA_ARCH (e.g. 90) is the CUDA architecture the GPU test builds
 for (default: CMake's choice for this machine); FA_LAB_TEST_KEEP=1 keeps its folder;
-FA_LAB_TEST_STEPS (e.g. "03,04") grades the labs of those steps only (default: every lab whose
-step and starting step are in the tree).
+FA_LAB_TEST_STEPS (e.g. "03,04") grades the labs of those steps only (default, or "all": every
+lab whose step and starting step are in the tree).
 """
 
 import importlib.util
@@ -536,7 +536,8 @@ class LabGpuTests(unittest.TestCase):
         steps = m.known_steps()
         expected = {}  # lab name -> (target, variant, expectation)
         t0 = time.time()
-        only = [s.strip() for s in os.environ.get("FA_LAB_TEST_STEPS", "").split(",") if s.strip()]
+        only = [s.strip() for s in os.environ.get("FA_LAB_TEST_STEPS", "").split(",")
+                if s.strip() and s.strip() != "all"]
         for target in m.lab_defs():
             if not (m.step_present(target) and m.step_present(m.parent_of(target, steps))):
                 continue

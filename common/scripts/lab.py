@@ -893,6 +893,7 @@ def cmd_grade(args):
         entry = {"name": lab["name"], "target": lab["target"], "source": lab["source"],
                  "variant": lab["variant"], "result": lab["result"],
                  "correct": bool(t.get("passed")), "missing_backward": t.get("missing_backward"),
+                 "tests_error": t.get("error", ""),
                  "quantities": t.get("quantities", {}), "first_failure": first,
                  "speed": {k: v for k, v in (lab.get("speed") or {}).items() if k != "table"}}
         (lab["out"] / "grade.json").write_text(json.dumps(entry, indent=2) + "\n")

@@ -595,7 +595,7 @@ class LabGpuTests(unittest.TestCase):
             else:
                 q = e["first_failure"].get("quantity") or (
                     "no backward" if e["missing_backward"] else
-                    e["first_failure"].get("error", "?")[:40])
+                    (e["first_failure"].get("error") or e.get("tests_error") or "?")[:60])
                 got = f"{e['result']}: {q} wrong" + (
                     f" at {e['first_failure'].get('shape', '')}" if e["first_failure"] else "")
             if expect == "PASS":

@@ -575,8 +575,26 @@ def recorded_gain(baseline, reference, direction, shapes, root=ROOT):
             run_info = doc.get("run", {})
             where = (f"{doc.get('gpu', {}).get('name', '?')}, {rel(path)}, commit "
                      f"{run_info.get('commit', '?')}, {run_info.get('date', '?')}")
-            return gain, where
+            return gain, where, run_info.get("commit", "")
     return None
+
+
+def recorded_is_stale(baseline, reference, direction, shapes, root=ROOT):
+    """Why the recorded gain of `reference` over `baseline` no longer describes the steps (their
+    kernel.cu changed after the commit the bench measured, or that commit is unknown here), or
+    "" if it still does. Needs the repository's history: `pack` asks it and writes the answer
+    into the pack (pack.json, "stale_recorded"), whose own history is one commit."""
+    got = recorded_gain(baseline, reference, direction, shapes, root)
+    if got is None:
+        return ""
+    commit = got[2]
+    status, out = run(["git", "-C", root, "log", "--format=%h", f"{commit}..HEAD", "--",
+                       f"{baseline}/kernel.cu", f"{reference}/kernel.cu"])
+    if status != 0 or not commit:
+        return f"the recorded figures' commit {commit or '?'} is not in this history"
+    changed = out.split()
+    return (f"{baseline} or {reference} changed after the recorded figures' commit {commit} "
+            f"({len(changed)} commit(s))") if changed else ""
 
 
 def speed_verdict(table, lab, baseline, reference, shapes, recorded=None):
@@ -636,6 +654,14 @@ def run_speed(group, lab_def, target, test_steps, bin_dir, args, out_dir):
     timed = [s for s in dict.fromkeys([baseline, reference] + names) if s in test_steps]
     recorded = None if reference in test_steps else recorded_gain(
         baseline, reference, direction, shapes)
+    stale = {}
+    if recorded is not None and PACK_META.exists():  # a course pack: its maker checked the figure
+        try:
+            stale = json.loads(PACK_META.read_text()).get("stale_recorded", {})
+        except ValueError:
+            stale = {}
+    if reference in stale:
+        recorded = None
     table = {}
     if baseline in test_steps:
         json_path = out_dir / f"timing_{target}.json"
@@ -664,6 +690,10 @@ def run_speed(group, lab_def, target, test_steps, bin_dir, args, out_dir):
                             "not graded"}
             continue
         v = speed_verdict(table, lab["name"], baseline, reference, shapes, recorded)
+        if reference in stale and not v["graded"]:
+            v["note"] = (f"{reference} is not in this build, and its gain recorded on the "
+                         f"reference GPU is out of date ({stale[reference]}): not graded (your "
+                         "instructor grades it beside the reference)")
         v["direction"] = direction
         v["table"] = [(describe_shape(shape_key(parse_shape(s))),
                        {n: table.get(shape_key(parse_shape(s)), {}).get(n, {}).get("ms", 0.0)
@@ -813,11 +843,12 @@ def cmd_grade(args):
         Path(args.out).resolve() if args.out else build / "grade")
     log_dir.mkdir(parents=True, exist_ok=True)
 
-    # 1. Build: the labs, the tests and the timer (every step is linked into libfa).
+    # 1. Build: the labs' kernels, the tests and the timer (every step is linked into libfa;
+    # the labs' runners are not needed here).
     names = [lab["name"] for lab in labs]
     print(f"grade: building {', '.join(names)} in {rel(build)} ...", flush=True)
     status, out = run(["cmake", "--build", build, "--target", "fa_gpu_tests", "fa_lab_timing",
-                       *names], log=log_dir / "build.log")
+                       *[f"fa_step_{n}" for n in names]], log=log_dir / "build.log")
     if status != 0:
         errors = [l for l in out.splitlines() if re.search(r"error|Error", l)]
         print(f"grade: the build failed (full log: {rel(log_dir / 'build.log')}):")
@@ -862,6 +893,7 @@ def cmd_grade(args):
         entry = {"name": lab["name"], "target": lab["target"], "source": lab["source"],
                  "variant": lab["variant"], "result": lab["result"],
                  "correct": bool(t.get("passed")), "missing_backward": t.get("missing_backward"),
+                 "tests_error": t.get("error", ""),
                  "quantities": t.get("quantities", {}), "first_failure": first,
                  "speed": {k: v for k, v in (lab.get("speed") or {}).items() if k != "table"}}
         (lab["out"] / "grade.json").write_text(json.dumps(entry, indent=2) + "\n")
@@ -963,7 +995,17 @@ def write_pack(target, out, force=False, use_git=True):
     readme.write_text(lines[0] + banner + "".join(lines[1:]))
 
     commit = run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"])[1].strip() or "unknown"
+    # The gains recorded on the reference GPU stand in for the references the pack leaves out;
+    # one measured before its baseline or reference last changed would set a wrong pass mark.
+    stale = {}
+    for s in labs:
+        speed = defs[s]["speed"]
+        why = recorded_is_stale(speed.get("baseline") or parent_of(s, steps), s,
+                                speed.get("direction", "fwd"), speed["shapes"])
+        if why:
+            stale[s] = why
     meta = {"upto": target, "steps": kept, "labs": labs, "from_commit": commit,
+            "stale_recorded": stale,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     (out / PACK_META.relative_to(ROOT)).write_text(json.dumps(meta, indent=2) + "\n")
     if use_git and shutil.which("git"):
@@ -1019,6 +1061,11 @@ def cmd_pack(args):
                                           not args.no_git)
         print(f"pack: {rel(dest)}: {count} files, labs {', '.join(s[:2] for s in labs)}; left "
               f"out {', '.join(removed)} and the instructor folder", flush=True)
+        stale = json.loads((dest / PACK_META.relative_to(ROOT)).read_text())["stale_recorded"]
+        if stale:
+            print(f"pack: note: the gains recorded on the reference GPU predate the steps of "
+                  f"lab(s) {', '.join(s[:2] for s in stale)}: in the pack those are graded on "
+                  "correctness only (measure again and commit the results to fix it)", flush=True)
         if args.check:
             check_pack(dest, args.cmake_args)
             print(f"pack: {rel(dest)}: builds, host tests pass, docs build without warnings",

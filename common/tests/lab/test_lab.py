@@ -12,7 +12,9 @@ copied in (it must pass) and every planted bug (it must fail, naming the expecte
 
 Every lab and build folder lives in a temporary directory; the repository's labs/ and build/
 are not touched. FA_LAB_TEST_CUDA_ARCH (e.g. 90) is the CUDA architecture the GPU test builds
-for (default: CMake's choice for this machine); FA_LAB_TEST_KEEP=1 keeps its folder.
+for (default: CMake's choice for this machine); FA_LAB_TEST_KEEP=1 keeps its folder;
+FA_LAB_TEST_STEPS (e.g. "03,04") grades the labs of those steps only (default, or "all": every
+lab whose step and starting step are in the tree).
 """
 
 import importlib.util
@@ -302,6 +304,47 @@ class LabHostTests(unittest.TestCase):
                 self.assertIsNotNone(got, f"{step}: no recorded figure at its shapes")
                 self.assertGreater(got[0], 1.10, step)
 
+    def test_recorded_gain_goes_stale_when_a_step_changes(self):
+        """A gain recorded on the reference GPU stands in for a reference a pack leaves out, but
+        only while neither step's kernel.cu changed after the commit that measured it."""
+        m = self.m
+        root = self.tmp / "stale_repo"
+        (root / "docs" / "results").mkdir(parents=True)
+        env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
+                   GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+
+        def git(*args):
+            return subprocess.run(["git", "-C", str(root), *args], env=env, check=True,
+                                  stdout=subprocess.PIPE, text=True).stdout.strip()
+
+        git("init", "-q")
+        for step in ("01_a", "02_b"):
+            (root / step).mkdir()
+            (root / step / "kernel.cu").write_text("// v1\n")
+        git("add", "-A")
+        git("commit", "-q", "-m", "v1")
+        measured = git("rev-parse", "--short=12", "HEAD")
+        shape = "4,32,32,4096,4096,64,0"
+        rows = [dict(m.parse_shape(shape), step=s, direction="fwd", dtype="fp16", median_ms=ms)
+                for s, ms in (("01_a", 2.0), ("02_b", 1.0))]
+        (root / "docs" / "results" / "gpu_bench.json").write_text(json.dumps(
+            {"gpu": {"name": "Fake GPU"}, "run": {"commit": measured}, "results": rows}))
+        got = m.recorded_gain("01_a", "02_b", "fwd", [shape], root)
+        self.assertAlmostEqual(got[0], 2.0)
+        self.assertEqual(m.recorded_is_stale("01_a", "02_b", "fwd", [shape], root), "")
+        (root / "README.md").write_text("other files may change\n")
+        git("add", "-A")
+        git("commit", "-q", "-m", "docs")
+        self.assertEqual(m.recorded_is_stale("01_a", "02_b", "fwd", [shape], root), "")
+        (root / "02_b" / "kernel.cu").write_text("// v2\n")
+        git("commit", "-q", "-am", "v2")
+        self.assertIn("changed after", m.recorded_is_stale("01_a", "02_b", "fwd", [shape], root))
+        doc = json.loads((root / "docs" / "results" / "gpu_bench.json").read_text())
+        doc["run"]["commit"] = "0123456789ab"
+        (root / "docs" / "results" / "gpu_bench.json").write_text(json.dumps(doc))
+        self.assertIn("not in this history",
+                      m.recorded_is_stale("01_a", "02_b", "fwd", [shape], root))
+
     def test_grade_flow_with_fake_tools(self):
         """lab.py grade from end to end on stand-ins for nvidia-smi, cmake, the GPU test
         program and the timer: an unchanged lab fails the speed check, the reference passes,
@@ -434,6 +477,9 @@ json.dump({'gpu': {'name': 'Fake GPU'}, 'results': rows}, open(val('--out'), 'w'
         self.assertFalse((out / "common" / "labs" / "06_causal_skip.json").exists())
         self.assertTrue((out / "common" / "labs" / "05_split_q.json").exists())
         self.assertTrue((out / "common" / "labs" / "pack.json").exists())
+        pack_meta = json.loads((out / "common" / "labs" / "pack.json").read_text())
+        self.assertIsInstance(pack_meta["stale_recorded"], dict)
+        self.assertLessEqual(set(pack_meta["stale_recorded"]), set(pack_meta["labs"]))
         self.assertEqual(m.fa_steps(out), [s for s in m.fa_steps() if s < target])
         readme = (out / "README.md").read_text()
         self.assertIn("Course pack", readme)
@@ -490,8 +536,12 @@ class LabGpuTests(unittest.TestCase):
         steps = m.known_steps()
         expected = {}  # lab name -> (target, variant, expectation)
         t0 = time.time()
+        only = [s.strip() for s in os.environ.get("FA_LAB_TEST_STEPS", "").split(",")
+                if s.strip() and s.strip() != "all"]
         for target in m.lab_defs():
             if not (m.step_present(target) and m.step_present(m.parent_of(target, steps))):
+                continue
+            if only and not any(target.startswith(s) for s in only):
                 continue
             variants = [(f"u{target[:2]}", [], "FAIL: the idea is missing"),
                         (f"r{target[:2]}", ["--reference"], "PASS")]
@@ -504,13 +554,21 @@ class LabGpuTests(unittest.TestCase):
                 expected[name] = (target, "unchanged" if not flags else flags[-1].lstrip("-")
                                   if flags[0] == "--reference" else f"bug {flags[-1]}", expect)
         self.assertTrue(expected, "no lab to grade")
+        # The steps the grade times (the starting steps, baselines and references); all of
+        # them unless FA_LAB_TEST_STEPS picks some labs.
+        needed = set()
+        for target, _, _ in expected.values():
+            speed = m.lab_defs()[target]["speed"]
+            needed |= {target, m.parent_of(target, steps), speed.get("baseline", target)}
 
-        # One build holds every step and every lab.
+        # One build holds every step and every lab; only what grade runs is built (the GPU
+        # test program and the timer, which link every step and lab), not the runners.
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
         dirs = ";".join(str(labs / n) for n in expected)
-        args = cmake_args(only="")[1:]
+        args = cmake_args(only=";".join(sorted(needed)) if only else "")
         for cmd in (["cmake", "-S", ROOT, "-B", build, *gen, "-DCMAKE_BUILD_TYPE=Release",
-                     f"-DFA_LAB_DIRS={dirs}", *args], ["cmake", "--build", build]):
+                     f"-DFA_LAB_DIRS={dirs}", *args],
+                    ["cmake", "--build", build, "--target", "fa_gpu_tests", "fa_lab_timing"]):
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             self.assertEqual(proc.returncode, 0, proc.stdout[-4000:])
         t_build = time.time() - t0
@@ -537,7 +595,7 @@ class LabGpuTests(unittest.TestCase):
             else:
                 q = e["first_failure"].get("quantity") or (
                     "no backward" if e["missing_backward"] else
-                    e["first_failure"].get("error", "?")[:40])
+                    (e["first_failure"].get("error") or e.get("tests_error") or "?")[:60])
                 got = f"{e['result']}: {q} wrong" + (
                     f" at {e['first_failure'].get('shape', '')}" if e["first_failure"] else "")
             if expect == "PASS":
@@ -560,6 +618,12 @@ class LabGpuTests(unittest.TestCase):
         print(f"{'lab':{w[0]}s}  {'step':{w[1]}s}  {'variant':{w[2]}s}  {'expected':{w[3]}s}  got")
         for r in rows:
             print(f"{r[0]:{w[0]}s}  {r[1]:{w[1]}s}  {r[2]:{w[2]}s}  {r[3]:{w[3]}s}  {r[4]}  [{r[5]}]")
+        counts = {v: sum(1 for r in rows if r[2].split()[0] == v) for v in ("unchanged",
+                                                                            "reference", "bug")}
+        print(f"LAB VERDICT: {'PASS' if not problems else 'FAIL'}: {len(rows) - len(problems)} of "
+              f"{len(rows)} graded as expected ({counts['unchanged']} unchanged labs must fail, "
+              f"{counts['reference']} references pass, {counts['bug']} planted bugs fail)"
+              + (f"; not as expected: {', '.join(problems)}" if problems else ""))
         self.assertEqual(problems, [], "labs graded against expectation (table above)")
 
 

@@ -813,7 +813,15 @@ def verdict(lab, args):
     return "PASS", ""
 
 
+#: The fewest random problems the GPU suite accepts per direction: one per coverage class it
+#: promises (common/tests/gpu/test_random.cpp: 9 forward, 10 backward).
+MIN_RANDOM_PROBLEMS = 10
+
+
 def cmd_grade(args):
+    if args.problems < MIN_RANDOM_PROBLEMS:
+        raise LabError(f"--problems {args.problems}: the random suite needs at least "
+                       f"{MIN_RANDOM_PROBLEMS} (one per coverage class it promises)")
     build = Path(args.build).resolve() if args.build else ROOT / "build"
     ok, gpu = gpu_present()
     if not ok:

@@ -137,6 +137,13 @@ class LabHostTests(unittest.TestCase):
         self.assertEqual(len(out.strip().splitlines()), 1, out)
         self.assertIn("no CUDA GPU", out)
 
+    def test_4b_grade_refuses_fewer_random_problems_than_coverage_classes(self):
+        # Before any build or GPU work: the suite would refuse them and fail every lab alike.
+        status, out = lab("grade", "lab_02_tiled_fa1", "--build", self.build, "--problems", "8")
+        self.assertEqual(status, 2, out)
+        self.assertEqual(len(out.strip().splitlines()), 1, out)
+        self.assertIn("at least 10", out)
+
     def test_5_report_points_at_the_error(self):
         m = self.m
         failure = ("/src/common/tests/gpu/test_conformance.cpp:95\nValue of: r.ok\n  Actual: false\n"
@@ -576,7 +583,7 @@ class LabGpuTests(unittest.TestCase):
         # One grade: quick correctness (fp16 matrix, edge cases, a few random problems, each
         # lab stopping at its first failure), then the speed check with 3 rounds.
         summary = self.tmp / "grades.json"
-        status, out = lab("grade", *expected, "--build", build, "--quick", "--problems", "8",
+        status, out = lab("grade", *expected, "--build", build, "--quick", "--problems", "10",
                           "--fail-fast", "--jobs", "8", "--rounds", "3", "--repeats", "3",
                           "--warmup", "1", "--out", self.tmp / "grades", "--json", summary)
         print(out)

@@ -56,8 +56,7 @@ TEST(Report, KvBandwidthOfDecodeRows) {
   EXPECT_NEAR(rows[0].gbps, bytes / 1e-4 / 1e9, 1e-6);
   EXPECT_NEAR(rows[0].pct_copy, 100 * rows[0].gbps / 4000, 1e-9);
   std::ostringstream os;
-  print_table(os, GpuInfo{"NVIDIA H200", 132, 9, 0, "580", "13.0"}, Ceilings{641, 710, 4000},
-              rows);
+  print_table(os, GpuInfo{"NVIDIA H200", 132, 9, 0, "580", "13.0"}, Ceilings{641, 710, 4000}, rows);
   EXPECT_NE(os.str().find("copy 4000 GB/s"), std::string::npos) << os.str();
   EXPECT_NE(os.str().find(" 5369 "), std::string::npos) << os.str();  // GB/s column
   std::ostringstream js;

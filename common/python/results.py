@@ -254,8 +254,19 @@ def step_readmes(root):
             if STEP_FOLDER.match(name) and os.path.isfile(os.path.join(root, name, "README.md"))]
 
 
-#: Steps compared with a step other than the one before them (common/scripts/lab.py's rule).
-STARTS_FROM = {"09_hopper_wgmma": "06_causal_skip"}
+def _starts_from():
+    """{step: the step its lesson starts from}, from common/scripts/diff_budget.txt (the one
+    place that says it; common/scripts/diff_report.py reads it)."""
+    import importlib.util
+    path = os.path.join(REPO, "common", "scripts", "diff_report.py")
+    spec = importlib.util.spec_from_file_location("diff_report", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.parents()
+
+
+#: Steps compared with the step their lesson starts from (08 and 09: 06; 10: 09).
+STARTS_FROM = _starts_from()
 
 
 def step_comparisons(doc, step, direction):

@@ -249,6 +249,13 @@ def read_budget(path):
     return pairs, errors
 
 
+def parents(path=None):
+    """{child: parent} of every pair in the budget file: the one place that says which step
+    each step's lesson starts from (lab.py and common/python/results.py read it here)."""
+    pairs, _ = read_budget(path or BUDGET_FILE)
+    return {child: parent for parent, child, _, _ in pairs}
+
+
 def diff_u_count(path_a, path_b):
     """`diff -u path_a path_b | grep -c '^[-+]'`, the budget's measure, or None without diff."""
     tool = shutil.which("diff")

@@ -48,12 +48,23 @@ LAB_DEFS = ROOT / "common" / "labs"  # one lab definition per step: <step>.json
 INSTRUCTOR = LAB_DEFS / "instructor"  # answer keys and planted bugs; never in a pack
 META = "lab.json"
 PACK_META = LAB_DEFS / "pack.json"  # written into a course pack
+
+
+def _load(name, path):
+    """A module of this repository by its path (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+diff_report = _load("diff_report", ROOT / "common" / "scripts" / "diff_report.py")
 # CMake targets a lab must not shadow (its name becomes a target and a runner program).
 RESERVED = {"all", "bench", "clean", "docs", "fa", "help", "install", "test", "labs"}
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
-# The steps after 07 branch from the forward they extend (docs/labs.md, DESIGN.md): 08 and 09
-# start from 06, 10 from 09. Every other step starts from the one before it.
-BRANCH_PARENTS = {"08": "06", "09": "06", "10": "09"}
+# Which step each lab starts from: common/scripts/diff_budget.txt, the one place that says which
+# step each step's lesson starts from (08 and 09 branch from 06, 10 from 09).
+PARENTS = diff_report.parents()
 # The speed check: the lab must earn this share of the reference's gain over the step it
 # started from, on a log scale (0.5: gain_lab >= sqrt(gain_ref), i.e. the lab's time is nearer
 # the reference's than the starting step's). A reference that gains less than MIN_REF_GAIN on
@@ -112,13 +123,11 @@ def resolve_step(text, steps):
 
 
 def parent_of(step, steps):
-    """The step a lab for `step` starts from: the one before it, or its branch point."""
-    number = step[:2]
-    if number in BRANCH_PARENTS:
-        matches = [s for s in steps if s.startswith(BRANCH_PARENTS[number] + "_")]
-        if len(matches) == 1:
-            return matches[0]
-        raise LabError(f"{step} starts from step {BRANCH_PARENTS[number]}, which is unknown here")
+    """The step a lab for `step` starts from: its parent in diff_budget.txt where that step is
+    known here, else the one before it."""
+    parent = PARENTS.get(step)
+    if parent in steps:
+        return parent
     index = steps.index(step)
     if index == 0:
         raise LabError(f"{step} is the first step: there is no step before it to start from")
@@ -927,10 +936,7 @@ def cmd_grade(args):
 
 def doc_filter():
     """docs/doc_filter.py as a module (the pages of a pack get the docs build's filter)."""
-    spec = importlib.util.spec_from_file_location("doc_filter", ROOT / "docs" / "doc_filter.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load("doc_filter", ROOT / "docs" / "doc_filter.py")
 
 
 def source_files():

@@ -504,6 +504,7 @@ __device__ __forceinline__ void store_o_m_l(const float* o_acc,
                                  chunk * 4) =
           *reinterpret_cast<const float4*>(o_acc + r * Tr::kOAccPitch + chunk * 4);
   }
+  __threadfence();  // in L2 before a reload: cp.async.cg reads L2, a barrier orders only the CTA
 }
 
 // ------------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@
 ///   block of \f$N_k\f$. Every other block runs the mask-free path.
 /// - A Q block that sees no key at all (possible when \f$N_q > N_k\f$) loads nothing and
 ///   writes \f$O = 0\f$ and \f$L = +\infty\f$ at once.
-/// - The work order this calls for: the last Q blocks of a head now do the most work, so the
+/// - The work order this calls for: the last Q blocks of a head do the most work (since step
+///   02 skips the blocks above the diagonal), and step 05's grid starts them last; here the
 ///   grid starts them first, in groups of heads (launch()).
 ///
 /// Everything else is step 05, with its two riders fixed on (the 128-row Q block and the

@@ -57,7 +57,9 @@ for stage in ${FA_CLOSE_STAGES:-readme fa1 chain sanitize repeat}; do
       --out "$out/chain.json" > "$out/chain.txt" 2> "$out/chain_progress.log"
     note "bench 01-03 forward: rc=$?" ;;
   sanitize)
-    budget=$(( limit - $(el) - 200 )); [ "$budget" -gt 300 ] && budget=300
+    budget=$(( limit - $(el) - ${FA_CLOSE_AFTER_SANITIZE:-0} - 40 ))
+    [ "$budget" -gt 300 ] && budget=300
+    if [ "$budget" -lt 60 ]; then note "sanitizers: not run (time)"; continue; fi
     FA_BUILD_DIR=$PWD/build FA_SANITIZE_STEPS=${FA_CLOSE_SANITIZE_STEPS:-07_backward,07_backward@101376} \
       FA_SANITIZE_SHARDS="*:racecheck=4 *:initcheck=4" FA_SANITIZE_BUDGET=$budget FA_SANITIZE_JOBS=12 \
       timeout $((budget + 40)) bash common/scripts/sanitize.sh "$out/sanitize" > "$out/sanitize.txt" 2>&1

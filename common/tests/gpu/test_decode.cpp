@@ -12,7 +12,8 @@
 ///   matrix, every query row checked.
 /// - `Decode/DecodeRandom.Problems/<step>`: FA_DECODE_PROBLEMS (default 24) random decode
 ///   problems per step (seqlen_q 1..16, seqlen_k up to FA_DECODE_MAX_SEQLEN_K, default
-///   65536), seeded from the run's base seed (FA_TEST_SEED); each failure prints its seed.
+///   65536), seeded from the run's base seed (FA_TEST_SEED); each failure prints its seed, and
+///   FA_DECODE_SEED=<that seed> runs only that problem, printing each selected step's error.
 /// - `Decode/DecodeStreams.TwoStreamsAtOnce/<step>`: two decode problems launched on two
 ///   streams at the same time, interleaved, both checked: a step that keeps scratch memory
 ///   between calls must not share it between streams.
@@ -167,9 +168,13 @@ TEST_P(DecodeRandom, Problems) {
   const std::string& step = GetParam();
   const int count = env_int("FA_DECODE_PROBLEMS", 24);
   const int max_k = std::max(1, env_int("FA_DECODE_MAX_SEQLEN_K", 65536));
-  const uint64_t seed0 = test_seed("decode_random/" + step);
+  uint64_t seed0 = test_seed("decode_random/" + step);
+  // FA_DECODE_SEED: only the problem of that seed (each failure prints it), on every step the
+  // filter selects, each step's error printed: is a failure one step's or every step's?
+  const char* only = std::getenv("FA_DECODE_SEED");
+  if (only != nullptr) seed0 = std::strtoull(only, nullptr, 10);
   int failed = 0, causal = 0, grouped = 0, longest = 0;
-  for (int i = 0; i < count; ++i) {
+  for (int i = 0; i < (only != nullptr ? 1 : count); ++i) {
     const DecodeProblem rp = draw_decode_problem(seed0 + i, step, max_k);
     causal += rp.shape.causal;
     grouped += rp.shape.heads > rp.shape.heads_kv;
@@ -177,6 +182,9 @@ TEST_P(DecodeRandom, Problems) {
     const HostProblem p = make_problem(rp.shape, rp.spec);
     DeviceProblem dp(p, rp.layout, false);
     const CheckResult r = check_forward(step, dp, p, all_q_rows(rp.shape));
+    if (only != nullptr)
+      std::printf("[ decode   ] %s, seed %s: %s\n  %s\n", step.c_str(), only, rp.describe().c_str(),
+                  r.summary().c_str());
     if (r.ok) continue;
     ++failed;
     ADD_FAILURE() << step << ", decode problem " << i + 1 << " of " << count << ", seed "

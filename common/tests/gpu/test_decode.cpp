@@ -182,9 +182,16 @@ TEST_P(DecodeRandom, Problems) {
     const HostProblem p = make_problem(rp.shape, rp.spec);
     DeviceProblem dp(p, rp.layout, false);
     const CheckResult r = check_forward(step, dp, p, all_q_rows(rp.shape));
-    if (only != nullptr)
+    if (only != nullptr) {
       std::printf("[ decode   ] %s, seed %s: %s\n  %s\n", step.c_str(), only, rp.describe().c_str(),
                   r.summary().c_str());
+      for (const RowId& row : all_q_rows(rp.shape)) {  // the rows whose L is off by 1e-3 or more
+        const CheckResult one = compare_forward(dp, p, {row});
+        if (one.stats.size() > 1 && one.stats[1].second.max_abs >= 1e-3)
+          std::printf("    row (b %d, h %d, s %d): O %.2e, lse %.2e\n", row.b, row.h, row.s,
+                      one.stats[0].second.max_abs, one.stats[1].second.max_abs);
+      }
+    }
     if (r.ok) continue;
     ++failed;
     ADD_FAILURE() << step << ", decode problem " << i + 1 << " of " << count << ", seed "

@@ -324,9 +324,12 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
 #pragma unroll
         for (int w = 0; w < Tr::kNumWarps; ++w)
           m_new[mi][h] = fmaxf(m_new[mi][h], warp_max[w * Tr::kBlockM + 16 * mi + 8 * h + group]);
-        const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
-        // exp(c (m_old - m_new)); 0 when the row had no visible key before (m_old = -inf).
-        const float rescale = fa::exp2_approx(row_max[mi][h] * scale_log2 - m_scaled);
+        // exp(c (m_old - m_new)) from the difference of the maxima: exactly 1 where the max did
+        // not change (m_old c - m_new c would not be: an FMA keeps the rounding of one product);
+        // 0 when the row had no visible key before (m_old = -inf) or still has none.
+        const float rescale = m_new[mi][h] == -INFINITY
+                                  ? 0.f
+                                  : fa::exp2_approx((row_max[mi][h] - m_new[mi][h]) * scale_log2);
         row_sum[mi][h] *= rescale;
         o_scale[mi][h] = rescale;
       }

@@ -379,9 +379,12 @@ __device__ __forceinline__ void online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
     for (int mi = 0; mi < Tr::kMTiles; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
-        // exp(c (m_old - m_new)); 0 when the row had no visible key before (m_old = -inf).
-        const float rescale = fa::exp2_approx(row_max[mi][h] * scale_log2 - m_scaled);
+        // exp(c (m_old - m_new)) from the difference of the maxima: exactly 1 where the max did
+        // not change (m_old c - m_new c would not be: an FMA keeps the rounding of one product);
+        // 0 when the row had no visible key before (m_old = -inf) or still has none.
+        const float rescale = m_new[mi][h] == -INFINITY
+                                  ? 0.f
+                                  : fa::exp2_approx((row_max[mi][h] - m_new[mi][h]) * scale_log2);
         row_sum[mi][h] *= rescale;
 #pragma unroll
         for (int nd = 0; nd < Tr::kNTilesO; ++nd) {

@@ -4,7 +4,7 @@
 #   readme    the README's test command once: `cmake --workflow --preset test`, timed
 #   fa1       step 02's single-Q-block case: FA_DECODE_PROBLEMS (500) random decode problems
 #             on 02 alone, and the seed of the failure issue #13 recorded
-#   chain     the bench over 01-03, forward, the full sweep (02 >= 01; 03 / 02)
+#   chain     the bench over 01-06 (FA_CLOSE_CHAIN_STEPS), forward, the full sweep
 #   sanitize  compute-sanitizer's four tools over FA_CLOSE_SANITIZE_STEPS (07_backward and
 #             its 99 KB family by default), racecheck and initcheck split in 4 shards
 #   repeat    the README's test command again and again, new clock seeds each time, until
@@ -53,9 +53,9 @@ for stage in ${FA_CLOSE_STAGES:-readme fa1 chain sanitize repeat}; do
       > "$out/fa1_seed.log" 2>&1
     note "02 decode, FA_TEST_SEED=111165598 (the failure of #13): rc=$? $(grep -F '[ decode   ]' "$out/fa1_seed.log" | tail -1)" ;;
   chain)
-    timeout 200 ./build/bin/bench --steps 01_naive,02_tiled_fa1,03_loop_swap --direction fwd \
+    timeout 200 ./build/bin/bench --steps "${FA_CLOSE_CHAIN_STEPS:-01_naive,02_tiled_fa1,03_loop_swap,04_deferred_rescale,05_split_q,06_causal_skip}" --direction fwd \
       --out "$out/chain.json" > "$out/chain.txt" 2> "$out/chain_progress.log"
-    note "bench 01-03 forward: rc=$?" ;;
+    note "bench forward chain: rc=$?" ;;
   sanitize)
     budget=$(( limit - $(el) - ${FA_CLOSE_AFTER_SANITIZE:-0} - 40 ))
     [ "$budget" -gt 300 ] && budget=300

@@ -178,6 +178,49 @@ TEST_P(EdgeCases, NonContiguousStrides) {
   expect_matches(s, {}, Layout::kHeadMajor);
 }
 
+/// Two keys with the same, largest score, the first and the last of 32K, every other score far
+/// below: row 0's O is exactly the mean of their V rows (1.5 and -0.5: 0.5). The running max
+/// of row 0 never changes after its first key, so every later rescale factor
+/// \f$e^{c (m - m)}\f$ must be exactly 1. Computed as \f$2^{m c' - m c'}\f$ with one product
+/// rounded and the other kept exact by an FMA, it is \f$2^{r}\f$ with r the rounding of
+/// \f$m c'\f$ (\f$c' = c \log_2 e\f$), and the first key's weight drifts by r once per K/V
+/// block: 256 blocks of 128 keys turn an \f$|r|\f$ near its largest (about \f$2^{-9}\f$ here)
+/// into an error of many bounds. The score is chosen so that r is large. Row 1's max grows in every
+/// block (a ramp in column 0 of K), so that no step may skip the rescale for its warp. Forward
+/// only.
+TEST_P(EdgeCases, TiedKeysFarApart) {
+  FA_REQUIRE_GPU();
+  const std::string& step = GetParam();
+  const int nk = 32768, d = 64;
+  const ProblemShape s = make_shape(1, 1, 1, 2, nk, d);
+  const float c = static_cast<float>(s.effective_scale() * 1.4426950408889634);  // the kernels'
+  float v = 0.f;  // row 0's tied score is (d - 2) v^2: the v in [40, 60] rounded worst in m c'
+  double worst = -1.0;
+  for (int x = 40; x <= 60; ++x) {
+    const double m = (d - 2.0) * x * x;
+    const double r = std::fabs(m * c - static_cast<double>(static_cast<float>(m) * c));
+    if (r > worst) {
+      worst = r;
+      v = static_cast<float>(x);
+    }
+  }
+  const uint64_t seed = test_seed(step + "/tied_keys_far_apart");
+  HostProblem p = make_problem(s, InputSpec{seed});
+  for (int col = 0; col < d; ++col) {
+    p.q[p.q_index(0, 0, 0, col)] = v;
+    p.q[p.q_index(0, 1, 0, col)] = col == 0 ? 1.f : 0.f;
+    for (int key : {0, nk - 1}) {
+      p.k[p.kv_index(0, key, 0, col)] = col == 0 ? -v : v;
+      p.v[p.kv_index(0, key, 0, col)] = key == 0 ? 1.5f : -0.5f;
+    }
+  }
+  for (int key = 1; key < nk - 1; ++key)  // row 1: scores rising by 2^-7 per 128 keys
+    p.k[p.kv_index(0, key, 0, 0)] = round_to(FA_FP16, -1.f + 2.f * key / nk);
+  DeviceProblem dp(p, Layout::kContiguous, false);
+  const CheckResult f = check_forward(step, dp, p, all_q_rows(s));
+  EXPECT_TRUE(f.ok) << s.describe() << " v " << v << " seed " << seed << ": " << f.summary();
+}
+
 INSTANTIATE_TEST_SUITE_P(Steps, EdgeCases, testing::ValuesIn(registered_steps()),
                          [](const testing::TestParamInfo<std::string>& i) { return i.param; });
 

@@ -5,6 +5,8 @@
 #   fa1       step 02's single-Q-block case: FA_DECODE_PROBLEMS (500) random decode problems
 #             on 02 alone, and the seed of the failure issue #13 recorded
 #   chain     the bench over 01-06 (FA_CLOSE_CHAIN_STEPS), forward, the full sweep
+#   lab       ctest gpu.lab alone, verbose, every lab (the table of grades)
+#   compare   compare.py over FA_CLOSE_COMPARE_STEPS (06, 07) beside PyTorch FLASH
 #   sanitize  compute-sanitizer's four tools over FA_CLOSE_SANITIZE_STEPS (07_backward and
 #             its 99 KB family by default), racecheck and initcheck split in 4 shards
 #   repeat    the README's test command again and again, new clock seeds each time, until
@@ -56,6 +58,16 @@ for stage in ${FA_CLOSE_STAGES:-readme fa1 chain sanitize repeat}; do
     timeout 200 ./build/bin/bench --steps "${FA_CLOSE_CHAIN_STEPS:-01_naive,02_tiled_fa1,03_loop_swap,04_deferred_rescale,05_split_q,06_causal_skip}" --direction fwd \
       --out "$out/chain.json" > "$out/chain.txt" 2> "$out/chain_progress.log"
     note "bench forward chain: rc=$?" ;;
+  lab)  # gpu.lab alone, verbose (its table), every lab; a second run finds its build made
+    FA_LAB_TEST_STEPS=all timeout 400 ctest --test-dir build -R '^gpu\.lab$' -V > "$out/lab.log" 2>&1
+    note "gpu.lab: rc=$?, $(grep -oE 'LAB TABLE \(build [0-9]+ s, grade [0-9]+ s\)' "$out/lab.log")"
+    grep -E "LAB VERDICT" "$out/lab.log" | sed 's/^[0-9]*: //' ;;
+  compare)  # compare.py, FA_CLOSE_COMPARE_STEPS beside PyTorch FLASH, forward and backward
+    FA_BUILD_DIR=$PWD/build OUT=$out timeout 200 python3 common/python/compare.py \
+      --steps "${FA_CLOSE_COMPARE_STEPS:-06_causal_skip,07_backward}" --backends flash \
+      --seqlens 1024,2048,4096,8192,16384 --warmup 3 --repeats 10 --out "$out/compare.json" \
+      > "$out/compare.log" 2>&1
+    note "compare.py: rc=$? $(tail -1 "$out/compare.log")" ;;
   sanitize)
     budget=$(( limit - $(el) - ${FA_CLOSE_AFTER_SANITIZE:-0} - 40 ))
     [ "$budget" -gt 300 ] && budget=300

@@ -31,3 +31,14 @@ FA_LIB=$b/lib/libfa.so OUT=$out timeout 150 python3 common/python/compare.py --s
   --backends flash --seqlens 1024,2048,4096,8192,16384 --warmup 3 --repeats 10 \
   --out "$out/compare_probe.json" > "$out/compare_probe.log" 2>&1
 echo "compare.py: rc=$? $(tail -1 "$out/compare_probe.log")"
+# Deterministic mode, hand-off 2 (07's default) against 1 (x07_h1), A B A B, and the default
+# (non-deterministic) mode once, at 16K tokens, N = 16384 (FA_PROBE_TIMING=0 leaves it out).
+[ "${FA_PROBE_TIMING:-1}" = 0 ] && exit 0
+cmake --build "$b" -j "$(nproc)" --target 07_backward x07_h1 > "$out/probe_build_runners.log" 2>&1 || exit 1
+for d in 64 128; do for c in "" --causal; do
+  for r in "07_backward" "07_backward --deterministic" "x07_h1 --deterministic" "07_backward --deterministic" "x07_h1 --deterministic"; do
+    set -- $r
+    "$b/bin/$1" --backward ${2:-} --seqlen 16384 --head-dim $d $c --batch 1 --heads $((2048 / d)) --seed 7 \
+      --warmup 3 --repeats 10 --no-ceilings 2>&1 | tail -1 | sed "s/^/[$r] d$d ${c:-none} /"
+  done
+done; done | tee "$out/det_timing.txt"

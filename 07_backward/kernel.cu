@@ -658,11 +658,12 @@ constexpr bool kLongestFirst = FA_BWD_LONGEST_FIRST != 0;
 //   0: every warp takes turns on its own counter, with two fences per q_block: one to take
 //      the turn, one to pass it on once its adds have landed (change 6);
 //   1: every warp takes turns on its own counter, and the fence that takes the next turn also
-//      passes the last one on: one fence per q_block;
+//      passes the last one on: one fence per q_block (the default: the fastest, change 8);
 //   2: one counter per q_block and one thread that takes the turns for the whole thread block,
-//      one fence per q_block (the default).
+//      one fence per q_block; 2-5% slower than 1, and its named barrier (bar.arrive) is where
+//      compute-sanitizer's racecheck reports hazards.
 #ifndef FA_BWD_DQ_HANDOFF
-#define FA_BWD_DQ_HANDOFF 2
+#define FA_BWD_DQ_HANDOFF 1
 #endif
 constexpr int kDqHandoff = FA_BWD_DQ_HANDOFF;
 static_assert(kDqHandoff >= 0 && kDqHandoff <= 2, "FA_BWD_DQ_HANDOFF is 0, 1 or 2");

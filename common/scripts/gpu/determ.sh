@@ -5,8 +5,8 @@
 # NOTES.md change 7's measurement of how the turns are handed on (FA_BWD_DQ_HANDOFF,
 # FA_BWD_DET_GROUP_WAVES), every variant side by side in one run.
 # Assumes a tree built for the GPU in $FA_BUILD_DIR (default build-gpu, sm_90, 07_backward in
-# it): its deterministic mode is the default candidate (one fence per q_block, one turn per
-# thread block, one group of pairs). The variants are built here, 07 only, outside the tree.
+# it): its deterministic mode is the default (one fence per q_block, one turn per warp, one
+# group of pairs; NOTES.md change 8). The variants are built here, 07 only, outside the tree.
 # Writes $OUT/determ.log and prints a summary table at the end.
 # Expected time on one H200: about 3 minutes (correctness ~1 min while the variants build,
 # bit-identity across builds ~20 s, timing ~80 s with the GPU to itself). Every GPU run is
@@ -18,7 +18,8 @@
 #      memcheck / racecheck / synccheck on the deterministic tests of both tile families (the
 #      conformance shapes of sanitize.sh and the one-wave bitwise test); meanwhile the variant
 #      builds: v0 = change 6 (a counter per warp, two fences per q_block, groups of 4 waves),
-#      v1 = a counter per warp and one fence, v2g4 = the default candidate in groups of 4 waves;
+#      v2 = one counter per q_block, one turn per thread block (a named barrier), v2g4 = main
+#      in groups of 4 waves;
 #   2. bit-identity across builds: every build's deterministic dQ, dK, dV (torch, the Python
 #      wrapper) on problems of several waves (GQA, ragged, causal or not, seqlen_q < and >
 #      seqlen_k, fp16 and bf16, both head dims, both tile families) are the same bits as the
@@ -51,7 +52,7 @@ fi
 
 # The builds: name and extra nvcc flags (NOTES.md, change 7). "main" is $FA_BUILD_DIR.
 variants=("v0:-DFA_BWD_DQ_HANDOFF=0 -DFA_BWD_DET_GROUP_WAVES=4"
-          "v1:-DFA_BWD_DQ_HANDOFF=1"
+          "v2:-DFA_BWD_DQ_HANDOFF=2"
           "v2g4:-DFA_BWD_DET_GROUP_WAVES=4")
 builds=(main)
 declare -A dir=([main]=$build)
@@ -241,7 +242,7 @@ for line in open(sys.argv[1]):
     if key not in best or ms < best[key]:
         best[key] = ms
 print("SUMMARY 07 det / default speed (runner, fp16, 16K tokens, hidden 2048; main: the faster of two medians of 10,")
-print("variants: a median of 20; v0 = change 6, v1 = a counter per warp + one fence, v2g4 = main in 4-wave groups)")
+print("variants: a median of 20; v0 = change 6, v2 = one turn per thread block, v2g4 = main in 4-wave groups)")
 print("%-6s %-4s %6s %-7s | %10s | %s" % ("family", "d", "N", "mask", "default", " ".join("%7s" % b for b in builds)))
 keys = sorted({k.rsplit("/", 1)[0] for k in list(best) + list(failed)},
               key=lambda k: (k.split("/")[0] != "large", int(k.split("/")[1]), int(k.split("/")[2]), k))

@@ -5,7 +5,7 @@
 # pattern occurs. Used by fa_add_sass_check() (FaSteps.cmake).
 cmake_minimum_required(VERSION 3.25)
 if(NOT CUOBJDUMP OR NOT EXISTS "${CUOBJDUMP}")
-  message(FATAL_ERROR "cuobjdump not found (CUDA toolkit's bin folder)")
+  message(FATAL_ERROR "cuobjdump not found: it ships in the CUDA toolkit's bin folder (with nvdisasm); a trimmed toolkit can take NVIDIA's wheels: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm, then put their nvidia/cu13/bin on PATH and configure again")
 endif()
 execute_process(COMMAND "${CUOBJDUMP}" --dump-sass "${LIB}" OUTPUT_VARIABLE sass
                 ERROR_VARIABLE err RESULT_VARIABLE rc)

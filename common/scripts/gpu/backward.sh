@@ -14,17 +14,7 @@
 #   3. the same for the variant build, causal only (the switch changes nothing else);
 #   4. deterministic vs default, runner, same inputs per shape, back to back.
 #   FA_BWD_NCU=1 adds a short Nsight Compute profile of one shape (07 and FLASH kernels).
-set -uo pipefail
-cd "$(dirname "$0")/../../.." || exit 2
-root=$PWD
-build=${FA_BUILD_DIR:-build-gpu}
-case $build in /*) ;; *) build=$root/$build ;; esac
-out=${OUT:-$root/gpu-logs}
-mkdir -p "$out"
-log=$out/backward.log
-: > "$log"
-say() { echo "$*" | tee -a "$log"; }
-bin=$build/bin
+. "$(dirname "$0")/setup.sh" backward
 step=07_backward
 t0=$(date +%s)
 say "== backward.sh $(git rev-parse --short=12 HEAD 2>/dev/null) $(date -u +%FT%TZ)"

@@ -29,17 +29,7 @@
 #      (the faster median of 10 of each): fp16, 16K tokens (B = 16384 / N), hidden 2048
 #      (H = 2048 / d), N 1024 / 4096 / 16384, d 64 / 128, causal off / on; and the 99 KB
 #      shapes at N = 4096; then the deterministic mode of each variant (a median of 20).
-set -uo pipefail
-cd "$(dirname "$0")/../../.." || exit 2
-root=$PWD
-build=${FA_BUILD_DIR:-build-gpu}
-case $build in /*) ;; *) build=$root/$build ;; esac
-out=${OUT:-$root/gpu-logs}
-mkdir -p "$out"
-log=$out/determ.log
-: > "$log"
-say() { echo "$*" | tee -a "$log"; }
-bin=$build/bin
+. "$(dirname "$0")/setup.sh" determ
 step=07_backward
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/determ.XXXXXX")
 t0=$(date +%s)

@@ -24,14 +24,7 @@
 # under FA_HOPPER_BLOCK_M=128 (d = 64) and FA_HOPPER_GRID=tiles: each change of step 09
 # measured with and without, in the same table.
 # HOPPER_SKIP="sanitize compare" skips those phases.
-set -uo pipefail
-cd "$(dirname "$0")/../../.." || exit 2
-build=${FA_BUILD_DIR:-build-gpu}
-case $build in /*) ;; *) build=$PWD/$build ;; esac
-out=${OUT:-$PWD/gpu-logs}
-mkdir -p "$out"
-log=$out/hopper.log
-: > "$log"
+. "$(dirname "$0")/setup.sh" hopper
 skip=${HOPPER_SKIP:-}
 variants=${HOPPER_VARIANTS:-0}
 tmp=$(mktemp -d /tmp/hopper.XXXXXX)

@@ -9,16 +9,8 @@
 #      01_naive (its own backward), same seed, data and steps; must end within 2% of SDPA.
 # Writes $OUT/python.log, $OUT/python_tests.log, $OUT/train.json, $OUT/train.png.
 # Expected: about 2 minutes.
-set -uo pipefail
-cd "$(dirname "$0")/../../.."
-out=${OUT:-$PWD/gpu-logs}
-mkdir -p "$out"
-build=${FA_BUILD_DIR:-build-gpu}
-case "$build" in /*) ;; *) build="$PWD/$build" ;; esac
-log="$out/python.log"
+. "$(dirname "$0")/setup.sh" python
 export FA_LIB="$build/lib/libfa.so"
-: > "$log"
-say() { echo "$*" | tee -a "$log"; }
 [ -f "$FA_LIB" ] || { say "python.sh: $FA_LIB not found (build the tree first)"; exit 1; }
 say "== python.sh at $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown), $(date -u +%FT%TZ)"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda,

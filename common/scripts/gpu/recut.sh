@@ -32,15 +32,7 @@
 # Expected device time on an H200: about 3.5 minutes with RECUT_SANITIZE=0 (tests ~0.5, sweep
 # ~1, variants ~1.5, compare.py ~0.5), 6 minutes in full, 2.5 with RECUT_QUICK=1. Under all.sh
 # give it FA_GPU_LIMIT_recut=420 (full) or 300 (RECUT_SANITIZE=0).
-set -uo pipefail
-cd "$(dirname "$0")/../../.." || exit 2
-root=$PWD
-build=${FA_BUILD_DIR:-build-gpu}
-case $build in /*) ;; *) build=$root/$build ;; esac
-out=${OUT:-$root/gpu-logs}
-mkdir -p "$out"
-log=$out/recut.log
-: > "$log"
+. "$(dirname "$0")/setup.sh" recut
 work=$(mktemp -d /tmp/recut.XXXXXX)
 report="python3 $root/common/scripts/gpu/recut_report.py"
 steps=01_naive,02_tiled_fa1,03_loop_swap,04_deferred_rescale,05_split_q,06_causal_skip
@@ -48,7 +40,6 @@ quick=${RECUT_QUICK:-0}
 do_variants=${RECUT_VARIANTS:-1}
 do_sanitize=${RECUT_SANITIZE:-1}
 [ "$quick" = 1 ] && do_sanitize=0
-say() { echo "$*" | tee -a "$log"; }
 t_start=$SECONDS
 stamp() { say "[$((SECONDS - t_start)) s] $*"; }
 

@@ -20,19 +20,10 @@
 #             small bench on the GPU-made inputs                                        ~40 s
 #   sanitize  memcheck, racecheck, synccheck, initcheck on 07_backward's bf16 matrix slice,
 #             with its large and its 99 KB (FA_SMEM_LIMIT=101376) shapes               ~2-3 min
-set -uo pipefail
-cd "$(dirname "$0")/../../.." || exit 2
-root=$PWD
-build=${FA_BUILD_DIR:-build-gpu}
-case $build in /*) ;; *) build=$root/$build ;; esac
-out=${OUT:-$root/gpu-logs}
-mkdir -p "$out"
-log=$out/robust.log
-: > "$log"
+. "$(dirname "$0")/setup.sh" robust
 runs=${FA_ROBUST_RUNS:-10}
 jobs=${FA_ROBUST_JOBS:-4}
 skip=" ${FA_ROBUST_SKIP:-} "
-bin=$build/bin
 summary=()
 
 note() { echo "$*" | tee -a "$log"; }

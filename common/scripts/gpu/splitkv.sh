@@ -29,20 +29,11 @@
 #      compare.py --decode (the command README.md cites): 08, 06, FLASH, fp16, seqlen_q 1,
 #      heads 32/8, d 128, batch 1-64, seqlen_k 1K-128K, each call on K/V copies that do not
 #      fit in L2 together; the summary checks the issue's bars on it.
-set -uo pipefail
-cd "$(dirname "$0")/../../.." || exit 2
-root=$PWD
-build=${FA_BUILD_DIR:-build-gpu}
-case $build in /*) ;; *) build=$root/$build ;; esac
-out=${OUT:-$root/gpu-logs}
-mkdir -p "$out"
-log=$out/splitkv.log
+. "$(dirname "$0")/setup.sh" splitkv
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-: > "$log"
 rm -f "$out/splitkv_tune.json" "$out/splitkv_decode.json"  # no stale figures in the summary
 t_start=$SECONDS
-say() { echo "$*" | tee -a "$log"; }
 section() { printf '\n===== %s (t=%ds)\n' "$*" $((SECONDS - t_start)) >> "$log"; }
 bin=$build/bin/fa_gpu_tests
 [ -x "$bin" ] || { say "splitkv: $bin not found (build the tree first)"; exit 2; }

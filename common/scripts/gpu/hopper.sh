@@ -29,7 +29,7 @@ skip=${HOPPER_SKIP:-}
 variants=${HOPPER_VARIANTS:-0}
 tmp=$(mktemp -d /tmp/hopper.XXXXXX)
 declare -a summary=()
-note() { echo "$*" | tee -a "$log"; }
+note() { say "$@"; }  # setup.sh's say, under the name this script uses
 result() { summary+=("$(printf '%-34s %s' "$1" "$2")"); note "== $1: $2"; }
 skipped() { [[ " $skip " == *" $1 "* ]]; }
 t0=$SECONDS

@@ -26,7 +26,7 @@ jobs=${FA_ROBUST_JOBS:-4}
 skip=" ${FA_ROBUST_SKIP:-} "
 summary=()
 
-note() { echo "$*" | tee -a "$log"; }
+note() { say "$@"; }  # setup.sh's say, under the name this script uses
 record() { summary+=("$(printf "%-10s %-6s %s" "$1" "$2" "$3")"); note "== $1: $2 $3"; }
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }

@@ -5,7 +5,7 @@
 #
 #   FA_ROBUST_RUNS=10        runs of the GPU suite with clock seeds (ctest -L gpu, gpu.lab aside)
 #   FA_ROBUST_JOBS=4         ctest -j for those runs (the default test preset's)
-#   FA_ROBUST_SKIP="large sanitize"   sections to leave out
+#   FA_ROBUST_SKIP="large sanitize"   sections to leave out (any of the names below)
 #
 # Sections (expected on an H200, 16 cores: about 8 minutes in all; a cheaper first pass,
 # FA_ROBUST_RUNS=3 FA_ROBUST_SKIP=sanitize, about 3 minutes):
@@ -37,6 +37,7 @@ unset FA_TEST_SEED FA_RANDOM_SEED FA_RANDOM_PROBLEMS FA_RANDOM_MAX_SEQLEN FA_RAN
   FA_SMEM_LIMIT
 
 # --- seed: the problem that failed on the README's command -----------------------------------
+if [[ $skip != *" seed "* ]]; then
 t0=$(now)
 FA_RANDOM_SEED=258115526 FA_RANDOM_PROBLEMS=1 "$bin/fa_gpu_tests" \
   --gtest_filter='Random/RandomConformance.Problems/01_naive_bwd' > "$out/robust_seed.txt" 2>&1
@@ -45,6 +46,7 @@ grep -E "random  |Failure|out of bounds|PASSED|FAILED" "$out/robust_seed.txt" | 
 # The summary line must show that very problem ran (Nq 61, Nk 1031) and passed.
 grep -q "1 problems, 1 passed, 0 failed (Nq 61..61, Nk 1031..1031" "$out/robust_seed.txt" || rc=99
 record seed "$([ $rc = 0 ] && echo PASS || echo FAIL)" "seed 258115526 01_naive bwd rc=$rc, $(since "$t0") s"
+fi
 
 # --- suite: the GPU tests N times with clock seeds -----------------------------------------
 if [[ $skip != *" suite "* ]]; then
@@ -71,6 +73,7 @@ if [[ $skip != *" suite "* ]]; then
 fi
 
 # --- env: a suite that checked nothing fails -------------------------------------------------
+if [[ $skip != *" env "* ]]; then
 ok=1
 for setting in FA_RANDOM_PROBLEMS=abc FA_RANDOM_PROBLEMS=0 FA_RANDOM_PROBLEMS= FA_TEST_SEED=x \
                FA_RANDOM_MAX_SEQLEN=0 FA_RANDOM_SECONDS=nan FA_SMEM_LIMIT=99999999999999999999; do
@@ -85,6 +88,7 @@ text=$(FA_RANDOM_PROBLEMS=3 "$bin/fa_gpu_tests" --gtest_filter='Random/*01_naive
 note "FA_RANDOM_PROBLEMS=3: rc=$rc: $(echo "$text" | grep -m1 -o 'FA_RANDOM_PROBLEMS=3 is fewer.*')"
 [ $rc != 0 ] || ok=0
 record env "$([ $ok = 1 ] && echo PASS || echo FAIL)" "bad FA_* values fail the suite with one line"
+fi
 
 # --- large: over 2^31 elements per tensor ----------------------------------------------------
 if [[ $skip != *" large "* ]]; then
@@ -99,6 +103,7 @@ if [[ $skip != *" large "* ]]; then
 fi
 
 # --- runner: bad values exit 2 with one line, before any GPU work ------------------------------
+if [[ $skip != *" runner "* ]]; then
 ok=1
 while IFS='|' read -r envs step args; do
   t0=$(now)
@@ -140,6 +145,7 @@ t0=$(now)
   --warmup 1 --repeats 3 > "$out/robust_bench.txt" 2>&1; rc=$?
 tail -12 "$out/robust_bench.txt" >> "$log"
 record bench "$([ $rc = 0 ] && echo PASS || echo FAIL)" "bench on GPU-made inputs rc=$rc, $(since "$t0") s"
+fi
 
 # --- sanitize: bf16 and the 99 KB backward shapes ---------------------------------------------
 if [[ $skip != *" sanitize "* ]]; then

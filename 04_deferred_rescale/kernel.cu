@@ -40,14 +40,14 @@ namespace {
 #define FA_FWD_BLOCK_N_D64 128
 #endif
 #ifndef FA_FWD_BLOCK_N_D128
-#define FA_FWD_BLOCK_N_D128 64
+#define FA_FWD_BLOCK_N_D128 128  // except here: FlashAttention-1's (NOTES.md)
 #endif
 
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
 /// rows, kNumWarps warps. The 4 warps split the \f$B_c\f$ keys and share all \f$B_r\f$ rows.
-/// Shared memory holds Q, K and V (two stages of the one the inner loop streams), the fp32
+/// Shared memory holds Q, one K and one V tile (the two stages of the K/V stream), the fp32
 /// o_acc (\f$B_r (d + 8) \cdot 4\f$ bytes, which keeps \f$B_r\f$ small: 64 rows at d = 128
-/// would not fit) and the warps' row statistics: 91 KiB (d = 64) and 90 KiB
+/// would not fit) and the warps' row statistics: 59 KiB (d = 64) and 90 KiB
 /// (d = 128). That fits every sm_80+ GPU (at most 99 KiB per thread block on sm_86/sm_89);
 /// 2 or more thread blocks share an SM on the H100/H200 (`__launch_bounds__` tells ptxas).
 template <int kHeadDim>
@@ -78,11 +78,10 @@ struct Traits {
   static constexpr int kQBytes = kBlockM * kRowBytes;
   static constexpr int kKBytes = kBlockN * kRowBytes;
   static constexpr int kVBytes = kBlockN * kRowBytes;
-  static constexpr int kStageBytes = kKBytes + kVBytes;  ///< one K tile and one V tile
   static constexpr int kOAccPitch = kHeadDim + 8;  ///< floats per o_acc row (see add_to_o_acc)
   static constexpr int kOAccBytes = kBlockM * kOAccPitch * 4;
   static constexpr int kStatsBytes = (kNumWarps + 1) * kBlockM * 4;  ///< warp_max (see its uses)
-  static constexpr int kSmemBytes = kQBytes + 2 * kStageBytes + kOAccBytes + kStatsBytes;
+  static constexpr int kSmemBytes = kQBytes + kKBytes + kVBytes + kOAccBytes + kStatsBytes;
 
   static_assert(kBlockM % 16 == 0, "the Q block is whole m16 tiles");
   static_assert(kWarpKeys % 16 == 0, "each warp's keys are whole k16 steps of P V");
@@ -493,17 +492,18 @@ __device__ __forceinline__ void store_o_and_lse(const float* o_acc,
 /// rows. Per K/V block j, each warp computes \f$S_w = Q K_{j,w}^T\f$, masks, updates its copy
 /// of the online softmax (one exchange of row maxima through shared memory, one barrier) and
 /// adds \f$P_w V_{j,w}\f$ into the shared o_acc in 4 rounds (3 barriers).
-/// K and V have two shared-memory stages: at the top of block j (one
-/// barrier) the thread block starts loading \f$K_{j+1}, V_{j+1}\f$ into the stage that block
-/// j - 1 just left, and they land while block j is computed.
+/// K and V have one shared-memory stage each, loaded in turn: after the barrier at the top of
+/// block j the thread block starts loading \f$V_j\f$ (it lands during \f$S_j\f$ and the
+/// softmax), after a second barrier \f$K_{j+1}\f$ (it lands during \f$P_j V_j\f$).
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, 2)  // 2 per SM: see TileShape
     flash_forward_kernel(const fa_fwd_args args, const float scale_log2) {
   using Tr = Traits<kHeadDim>;
   extern __shared__ __align__(128) char smem[];
   char* const q_tile = smem;
-  char* const kv_stages = smem + Tr::kQBytes;  // stage s: K tile, then V tile
-  float* const o_acc = reinterpret_cast<float*>(kv_stages + 2 * Tr::kStageBytes);
+  char* const k_tile = smem + Tr::kQBytes;
+  char* const v_tile = k_tile + Tr::kKBytes;
+  float* const o_acc = reinterpret_cast<float*>(v_tile + Tr::kVBytes);
   float* const warp_max = o_acc + Tr::kBlockM * Tr::kOAccPitch;  // [kNumWarps + 1][kBlockM]
 
   // Which (q_block, head, batch) this thread block computes, in the order launch() explains.
@@ -544,26 +544,17 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, 2)  // 2 per SM
 
   const int n_blocks = kv_blocks_seen<Tr>(args, q_start);
 
-  // Prologue: Q, K_0 and V_0 in one cp.async group, into stage 0.
+  // Prologue: Q and K_0 in one cp.async group.
   load_tile_async<Tr, Tr::kBlockM>(q_tile, q, args.q.row_stride, q_start, seqlen_q, tid);
-  load_tile_async<Tr, Tr::kBlockN>(kv_stages, k, args.k.row_stride, 0, seqlen_k, tid);
-  load_tile_async<Tr, Tr::kBlockN>(kv_stages + Tr::kKBytes, v, args.v.row_stride, 0, seqlen_k, tid);
+  load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, 0, seqlen_k, tid);
   fa::cp_async_commit();
 
   for (int kv_block = 0; kv_block < n_blocks; ++kv_block) {
     const int kv_start = kv_block * Tr::kBlockN;
-    const char* const k_tile = kv_stages + (kv_block % 2) * Tr::kStageBytes;
-    const char* const v_tile = k_tile + Tr::kKBytes;
     fa::cp_async_wait<0>();
-    __syncthreads();  // K_j and V_j have landed; every warp is done with block j - 1's stage
-    if (kv_block + 1 < n_blocks) {  // K_{j+1} and V_{j+1} into that stage
-      char* const next = kv_stages + ((kv_block + 1) % 2) * Tr::kStageBytes;
-      load_tile_async<Tr, Tr::kBlockN>(next, k, args.k.row_stride, kv_start + Tr::kBlockN, seqlen_k,
-                                       tid);
-      load_tile_async<Tr, Tr::kBlockN>(next + Tr::kKBytes, v, args.v.row_stride,
-                                       kv_start + Tr::kBlockN, seqlen_k, tid);
-      fa::cp_async_commit();
-    }
+    __syncthreads();  // K_j has landed; every warp is done with V_{j-1}
+    load_tile_async<Tr, Tr::kBlockN>(v_tile, v, args.v.row_stride, kv_start, seqlen_k, tid);
+    fa::cp_async_commit();  // V_j lands while S_j and the softmax are computed
 
     float s[Tr::kMTiles][Tr::kNTilesS][4];
     compute_scores<Tr, T>(s, q_tile, k_tile, warp_key0, lane);
@@ -575,6 +566,13 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, 2)  // 2 per SM
 
     float o_scale[Tr::kMTiles][2];
     online_softmax<Tr>(s, row_max, row_sum, o_scale, warp_max, scale_log2, warp, lane);
+    fa::cp_async_wait<0>();
+    __syncthreads();                // V_j has landed; every warp is done with K_j
+    if (kv_block + 1 < n_blocks) {  // K_{j+1} lands while P_j V_j is computed
+      load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, kv_start + Tr::kBlockN,
+                                       seqlen_k, tid);
+      fa::cp_async_commit();
+    }
 #pragma unroll
     for (int round = 0; round < Tr::kNumWarps; ++round) {  // warp w: slice (w + round) % 4
       const int col0 = (warp + round) % Tr::kNumWarps * Tr::kNTilesO * 8;

@@ -10,6 +10,7 @@
 /// - Riders, each a switch so that README.md measures it alone: the 128-row Q block that a
 ///   register o_acc allows (`-DFA_FWD_BLOCK_M=64` for 64 rows), and no o_acc rescale when no
 ///   row max of the warp grew (`-DFA_RESCALE_SKIP=0` turns that off).
+/// - A third rider, measured in README.md: two stages of a K and a V tile (step 04: one each).
 ///
 /// Everything else is step 04.
 /// Causal attention: the K/V blocks entirely above the diagonal are skipped, as FlashAttention-1's

@@ -9,6 +9,7 @@
 #   FA_QUEUE_TASKS="..." the task names, in order (default: all below)
 #   FA_QUEUE_RUNS=10     runs of the test suite with clock seeds, the README's command included
 #   FA_QUEUE_VARIANTS="labs/x03_kvalt"   extra step folders (FA_LAB_DIRS) for the `variant` task
+#   FA_QUEUE_VARIANT_STEPS="02_tiled_fa1,03_loop_swap"   the steps built and benched beside them
 #
 # Tasks (estimated seconds on an H200 with 16 cores):
 #   readme     the README's test command, `cmake --workflow --preset test`: configure, build for
@@ -23,7 +24,7 @@
 #              off/on), forward and backward                                              ~120
 #   sanitize   compute-sanitizer's four tools over steps 01-06 (FA_QUEUE_SANITIZE_STEPS) ~190
 #   variant    the FA_QUEUE_VARIANTS folders built as extra steps: their conformance, then the
-#              bench at d = 64 and 128 beside 02 and 03 in one process                   ~150
+#              bench sweep, forward, beside FA_QUEUE_VARIANT_STEPS in one process         ~150
 #   sanitize07 robust.sh's sanitizer section: 07_backward's bf16 slice, default and 99 KB  ~200
 # Logs go to $OUT (default gpu-out/); a summary, one line per task, is printed last.
 . "$(dirname "$0")/setup.sh" queue
@@ -102,7 +103,7 @@ task_sanitize() {
   return $rc
 }
 task_variant() {
-  local dirs="" names="" d vb=$root/build-variants rc
+  local dirs="" names="" d vb=$root/build-variants rc beside=${FA_QUEUE_VARIANT_STEPS:-02_tiled_fa1,03_loop_swap}
   for d in ${FA_QUEUE_VARIANTS:-labs/x03_kvalt}; do
     [ -f "$root/$d/kernel.cu" ] || continue
     dirs+="$root/$d;" names+="$(basename "$d"),"
@@ -110,7 +111,7 @@ task_variant() {
   [ -n "$dirs" ] || { record variant "no variant folder"; return 1; }
   cmake -S "$root" -B "$vb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA_BUILD_DOCS=OFF \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_FLAGS=-Xptxas=-v \
-    -DFA_ONLY_STEPS="02_tiled_fa1;03_loop_swap" -DFA_LAB_DIRS="${dirs%;}" > "$out/variant_build.log" 2>&1 &&
+    -DFA_ONLY_STEPS="${beside//,/;}" -DFA_LAB_DIRS="${dirs%;}" > "$out/variant_build.log" 2>&1 &&
     cmake --build "$vb" -j 16 --target bench fa_gpu_tests >> "$out/variant_build.log" 2>&1
   rc=$?
   [ $rc = 0 ] || { record variant "build rc=$rc"; grep -E "error" "$out/variant_build.log" | head -10; return 1; }
@@ -120,7 +121,7 @@ task_variant() {
     > "$out/variant_tests.log" 2>&1; rc=$?
   record "variant" "conformance rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$out/variant_tests.log" | tr '\n' ' ')"
   failures "$out/variant_tests.log" | tee -a "$log"
-  timeout 150 "$vb/bin/bench" --steps "02_tiled_fa1,03_loop_swap,${names%,}" --direction fwd --warmup 2 \
+  timeout 150 "$vb/bin/bench" --steps "$beside,${names%,}" --direction fwd --warmup 2 \
     --repeats 5 --out "$out/variant_bench.json" > "$out/variant_bench.txt" 2>&1
   record "variant" "bench rc=$?"
   return $rc

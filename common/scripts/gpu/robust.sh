@@ -95,8 +95,9 @@ if [[ $skip != *" large "* ]]; then
   t0=$(now)
   (cd "$build" && ctest -L large -V > "$out/robust_large.txt" 2>&1); rc=$?
   secs=$(since "$t0")
-  grep -E "^\[ large|tests passed|Failure|out of bounds" "$out/robust_large.txt" >> "$log"
-  n=$(grep -c "^\[ large" "$out/robust_large.txt")
+  # ctest -V puts "N: " (the test's number) before each line of its output.
+  grep -E "^([0-9]+: )?\[ large|tests passed|Failure|out of bounds" "$out/robust_large.txt" >> "$log"
+  n=$(grep -cE "^([0-9]+: )?\[ large" "$out/robust_large.txt")
   verdict=$([ $rc = 0 ] && [ "$n" -ge 4 ] && awk -v s="$secs" 'BEGIN { exit !(s < 300) }' &&
             echo PASS || echo FAIL)
   record large "$verdict" "ctest -L large rc=$rc, $n problems, $secs s (must be < 300)"

@@ -26,7 +26,8 @@
 #   variant    the FA_QUEUE_VARIANTS folders built as extra steps: their conformance, then the
 #              bench sweep, forward, beside FA_QUEUE_VARIANT_STEPS in one process         ~150
 #   sanitize07 robust.sh's sanitizer section: 07_backward's bf16 slice, default and 99 KB  ~200
-# Logs go to $OUT (default gpu-out/); a summary, one line per task, is printed last.
+# Logs go to $OUT (default gpu-logs/; under $OUT they are packed into queue-logs.tgz at the end,
+# the JSON results and queue.log left beside it); a summary, one line per task, is printed last.
 . "$(dirname "$0")/setup.sh" queue
 build=$root/build bin=$root/build/bin  # the README's command builds ./build
 limit=${FA_QUEUE_LIMIT:-570}
@@ -145,3 +146,11 @@ done
 echo
 printf '%s\n' "${summary[@]}" | tee -a "$log"
 say "suite runs so far (the README's command first): $(tr '\n' ',' 2>/dev/null < "$build/.gpu-queue-suite")"
+# The device tool brings back only a few files per call (8 in this project's sessions): under
+# $OUT, every log but the summary goes into one archive, and the JSON results stay beside it.
+if [ -n "${OUT:-}" ]; then
+  pack=$(mktemp /tmp/queue-logs.XXXXXX)  # outside $out: tar must not read its own archive
+  (cd "$out" && tar czf "$pack" --exclude='*.json' --exclude=queue.log . && mv "$pack" queue-logs.tgz &&
+    find . -mindepth 1 -type f ! -name '*.json' ! -name queue.log ! -name queue-logs.tgz -delete &&
+    find . -mindepth 1 -type d -empty -delete)
+fi

@@ -171,6 +171,9 @@ def parse_args(argv=None):
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic backward of the steps")
     p.add_argument("--seed", type=int, default=0, help="input seed (0: from the clock, saved)")
+    p.add_argument("--inputs", choices=("normal", "uniform"), default="normal",
+                   help="q, k, v, dO ~ N(0, 1) (normal, default) or uniform in (-1, 1), the "
+                        "harness's distribution (uniform)")
     p.add_argument("--out", help="JSON to write (default: docs/results/<gpu-slug>.json)")
     p.add_argument("--log-dir", default=os.environ.get("OUT"),
                    help="folder for a copy of the JSON and the log (default: $OUT if set)")
@@ -477,10 +480,14 @@ def measure_shape(torch, fs, args, shape, steps, progress):
     scale = 1.0 / math.sqrt(d)
     gen = torch.Generator(device=dev)
     gen.manual_seed(shape["seed"])
-    q = torch.randn((B, N, H, d), generator=gen, device=dev, dtype=dtype)
-    k, v = (torch.randn((B, Nk, Hkv, d), generator=gen, device=dev, dtype=dtype)
-            for _ in range(2))
-    d_o = torch.randn((B, N, H, d), generator=gen, device=dev, dtype=dtype)
+    def draw(*size):
+        if args.inputs == "uniform":  # (-1, 1), as the harness draws them (fa::inputs)
+            return torch.rand(size, generator=gen, device=dev, dtype=dtype) * 2 - 1
+        return torch.randn(size, generator=gen, device=dev, dtype=dtype)
+
+    q = draw(B, N, H, d)
+    k, v = (draw(B, Nk, Hkv, d) for _ in range(2))
+    d_o = draw(B, N, H, d)
     want_fwd, want_bwd = "fwd" in args.directions, "bwd" in args.directions
     # Decode shapes that fit in the L2 cache: the timed forward calls rotate among copies.
     copies = []
@@ -834,7 +841,8 @@ def main(argv=None):
                         "repeats": args.repeats, "seed": args.seed,
                         "checked": not args.no_check, "deterministic": args.deterministic,
                         "steps": steps, "backends": args.backends,
-                        "inputs": "q, k, v, dO ~ N(0, 1) in BSHD; SDPA gets [B, H, N, d] views",
+                        "inputs": "q, k, v, dO ~ %s in BSHD; SDPA gets [B, H, N, d] views"
+                                  % ("N(0, 1)" if args.inputs == "normal" else "U(-1, 1)"),
                         "reference": "fp32 torch on upcast inputs, slices (b, h) = (0, 0) and "
                                      "(B-1, H-1); bounds of fa::tolerance()",
                         "timing": "CUDA events around each call, calls queued back to back, "

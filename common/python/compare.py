@@ -164,6 +164,8 @@ def parse_args(argv=None):
     p.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seqlen (16384)")
     p.add_argument("--hidden", type=int, default=2048, help="heads = hidden / head_dim (2048)")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs per measurement (5)")
+    p.add_argument("--warmup-ms", type=float, default=250.0,
+                   help="and untimed runs until this many ms have passed (250; as the harness)")
     p.add_argument("--repeats", type=int, default=20, help="timed runs, median reported (20)")
     p.add_argument("--quick", action="store_true",
                    help="seqlens 1024,4096, warm-up 2, repeats 5 (other flags still apply)")
@@ -210,6 +212,7 @@ def parse_args(argv=None):
         if a.seqlens == p.get_default("seqlens"):
             a.seqlens = [1024, 4096]
         a.warmup = min(a.warmup, 2)
+        a.warmup_ms = min(a.warmup_ms, 50.0)
         a.repeats = min(a.repeats, 5)
     a.directions = [d for d in a.directions.split(",") if d]
     if not a.directions or any(d not in ("fwd", "bwd") for d in a.directions):
@@ -220,8 +223,8 @@ def parse_args(argv=None):
         p.error("--seqlens and --head-dims must be positive")
     if any(n < 1 for n in a.seqlens_q + a.seqlens_k + a.batches + a.heads_kv) or a.heads < 1:
         p.error("--seqlens-q, --seqlens-k, --batches, --heads and --heads-kv must be positive")
-    if a.repeats < 1 or a.warmup < 0:
-        p.error("--repeats must be >= 1 and --warmup >= 0")
+    if a.repeats < 1 or a.warmup < 0 or not a.warmup_ms >= 0:
+        p.error("--repeats must be >= 1, --warmup and --warmup-ms >= 0")
     names = dict((n.split("_", 1)[1], n) for n, _ in BACKENDS)
     a.backends = [b for b in a.backends.split(",") if b]
     for b in a.backends:
@@ -304,11 +307,20 @@ def empty_cache(torch, device):
         torch.cuda.empty_cache()
 
 
-def time_calls(torch, fn, warmup, repeats, device="cuda"):
-    """Harness timing: warm-up, then CUDA events around each of `repeats` calls; median,
-    min, max in ms. Calls are queued back to back (one synchronize at the end)."""
-    for _ in range(warmup):
+def time_calls(torch, fn, warmup, repeats, device="cuda", warmup_ms=0.0):
+    """Harness timing (fa::time_step): warm-up, at least `warmup` calls and, one after another,
+    for at least `warmup_ms` ms (the GPU in the power and clock state of a sustained load,
+    whatever ran before); then CUDA events around each of `repeats` calls; median, min, max in
+    ms. Calls are queued back to back (one synchronize at the end)."""
+    if device != "cuda":  # CPU smoke tests: no clocks to settle
+        warmup_ms = 0.0
+    t0 = time.perf_counter()
+    i = 0
+    while i < warmup or 1e3 * (time.perf_counter() - t0) < warmup_ms:
         fn()
+        if warmup_ms > 0:
+            synchronize(torch, device)
+        i += 1
     if device == "cuda":
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         stops = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
@@ -510,6 +522,9 @@ def measure_shape(torch, fs, args, shape, steps, progress):
             r["kv_bytes"] = kv_bytes(B, Hkv, Nk, d)
         return r
 
+    def timed(fn):
+        return time_calls(torch, fn, args.warmup, args.repeats, dev, args.warmup_ms)
+
     def finish(r, timing, checks, vs_flash):
         r.update(timing)
         r["tflops"] = r["flops"] / (timing["median_ms"] * 1e-3) / 1e12
@@ -570,7 +585,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
                     flash["o"] = o
                 calls = in_turn([(lambda s=s: sdpa_call(torch, backend, *s, causal, scale))
                                  for s in sets])
-                finish(r, time_calls(torch, calls, args.warmup, args.repeats, dev), checks, vs)
+                finish(r, timed(calls), checks, vs)
                 if len(sets) > 1:
                     r["rotated_sets"] = len(sets)
                 del o
@@ -592,7 +607,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
                 vs = versus_flash([("dq", dq), ("dk", dk), ("dv", dv)])
                 if impl == FLASH:
                     flash.update(dq=dq, dk=dk, dv=dv)
-                finish(r, time_calls(torch, grad, args.warmup, args.repeats, dev), checks, vs)
+                finish(r, timed(grad), checks, vs)
                 del out, leaves, dq, dk, dv, grad
             except Exception as e:
                 r["error"] = describe_error(e)
@@ -618,7 +633,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
             if want_fwd:
                 calls = in_turn([launch] + [fs.prepare_forward(step, *s, o, lse, causal, scale)
                                             for s in sets[1:]])
-                finish(r, time_calls(torch, calls, args.warmup, args.repeats, dev), checks,
+                finish(r, timed(calls), checks,
                        versus_flash([("o", o)]))
                 if len(sets) > 1:
                     r["rotated_sets"] = len(sets)
@@ -641,7 +656,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
                 launch()
                 synchronize(torch, dev)
                 checks = check_grads(dq, dk, dv)
-                finish(r, time_calls(torch, launch, args.warmup, args.repeats, dev), checks,
+                finish(r, timed(launch), checks,
                        versus_flash([("dq", dq), ("dk", dk), ("dv", dv)]))
                 del dq, dk, dv, launch
             except Exception as e:
@@ -838,6 +853,7 @@ def main(argv=None):
                         "seqlens": args.seqlens, "head_dims": args.head_dims,
                         "causal": [bool(c) for c in args.causal],
                         "directions": args.directions, "warmup": args.warmup,
+                        "warmup_ms": args.warmup_ms,
                         "repeats": args.repeats, "seed": args.seed,
                         "checked": not args.no_check, "deterministic": args.deterministic,
                         "steps": steps, "backends": args.backends,

@@ -17,6 +17,7 @@ struct RunnerOptions {
   uint64_t seed = 0;           ///< 0: pick a fresh one from the clock (it is printed)
   float magnitude = 1.f;       ///< Q and K uniform in [-magnitude, magnitude]
   int warmup = 5;              ///< untimed runs
+  int warmup_ms = 250;         ///< and untimed runs until this much time has passed
   int repeats = 20;            ///< timed runs, median reported
   bool check = true;           ///< compare with the fp64 oracle before timing
   int check_rows = 256;        ///< query rows (and key rows) sampled for the check
@@ -49,6 +50,7 @@ struct BenchOptions {
   int tokens = 16384;          ///< batch = tokens / seqlen (at least 1)
   int hidden = 2048;           ///< heads = hidden / head_dim
   int warmup = 3;              ///< untimed runs per cell
+  int warmup_ms = 250;         ///< and untimed runs until this much time has passed
   int repeats = 10;            ///< timed runs per cell, median reported
   bool check = true;           ///< check every cell against the oracle before timing it
   int check_rows = 64;         ///< rows sampled per check

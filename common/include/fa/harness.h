@@ -171,10 +171,16 @@ CheckResult check_forward_sampled(const std::string& step, DeviceProblem& dp, in
 CheckResult check_backward_sampled(const std::string& step, DeviceProblem& dp, int rows,
                                    uint64_t seed, bool deterministic);
 
-/// Median, min and max over `repeats` timed runs after `warmup` untimed ones, each run
-/// between two CUDA events. `backward` times fa_backward (after one forward).
+/// Median, min and max over `repeats` timed runs, each between two CUDA events and all queued
+/// back to back (one synchronization at the end, as compare.py times PyTorch), after untimed
+/// runs: at least `warmup` of them and, one after another, for at least `warmup_ms`
+/// milliseconds. The time-based warm-up puts the GPU into the power and clock state of a
+/// sustained load before every measurement, whatever ran (or idled) before it: an H200 that
+/// idled through a host-side oracle check runs a short burst several percent faster than
+/// one that has been busy (power-limit throttling), and the bench and compare.py then
+/// disagreed by up to 15% on the same shape. `backward` times fa_backward (after one forward).
 Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool deterministic,
-                 int warmup, int repeats);
+                 int warmup, int repeats, int warmup_ms = 0);
 
 /// What measure() does besides timing.
 struct MeasureOptions {
@@ -182,6 +188,7 @@ struct MeasureOptions {
   int check_rows = 64;         ///< query rows (and key rows for the backward) sampled
   uint64_t seed = 1;           ///< seed of the row sample
   int warmup = 3;              ///< untimed runs first
+  int warmup_ms = 250;         ///< and untimed runs until this much time has passed
   int repeats = 10;            ///< timed runs; the median is reported
   bool deterministic = false;  ///< backward in deterministic mode
 };
@@ -195,6 +202,7 @@ MeasureOptions measure_options(const Flags& flags, uint64_t seed) {
   m.check_rows = flags.check_rows;
   m.seed = seed;
   m.warmup = flags.warmup;
+  m.warmup_ms = flags.warmup_ms;
   m.repeats = flags.repeats;
   m.deterministic = flags.deterministic;
   return m;

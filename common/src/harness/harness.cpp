@@ -5,11 +5,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <vector>
 
 namespace fa {
 namespace {
@@ -623,7 +625,7 @@ CheckResult check_backward_sampled(const std::string& step, DeviceProblem& dp, i
 }
 
 Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool deterministic,
-                 int warmup, int repeats) {
+                 int warmup, int repeats, int warmup_ms) {
   const fa_fwd_args fwd = dp.forward_args();
   fa_bwd_args bwd{};
   if (backward) {
@@ -635,23 +637,32 @@ Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool
                                   : fa_forward(step.c_str(), &fwd, nullptr);
     if (st != FA_OK) throw std::runtime_error(fa_last_error());
   };
-  for (int i = 0; i < warmup; ++i) run_once();
+  // Warm-up: `warmup` runs, then more until warmup_ms have passed (each one waited for, so
+  // that the host clock measures GPU time, not how fast launches queue up).
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto elapsed_ms = [&] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (int i = 0; i < warmup || elapsed_ms() < warmup_ms; ++i) {
+    run_once();
+    if (warmup_ms > 0) cuda_check(cudaDeviceSynchronize(), "warm-up");
+  }
   cuda_check(cudaDeviceSynchronize(), "warm-up");
-  cudaEvent_t start, stop;
-  cuda_check(cudaEventCreate(&start), "cudaEventCreate");
-  cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<cudaEvent_t> events(2 * static_cast<size_t>(repeats));
+  for (cudaEvent_t& e : events) cuda_check(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < repeats; ++i) {  // queued back to back: no host gap between the runs
+    cuda_check(cudaEventRecord(events[2 * i]), "cudaEventRecord");
+    run_once();
+    cuda_check(cudaEventRecord(events[2 * i + 1]), "cudaEventRecord");
+  }
+  cuda_check(cudaEventSynchronize(events.back()), "cudaEventSynchronize");
   std::vector<double> ms;
   for (int i = 0; i < repeats; ++i) {
-    cuda_check(cudaEventRecord(start), "cudaEventRecord");
-    run_once();
-    cuda_check(cudaEventRecord(stop), "cudaEventRecord");
-    cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
     float t = 0;
-    cuda_check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+    cuda_check(cudaEventElapsedTime(&t, events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
     ms.push_back(t);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  for (cudaEvent_t& e : events) cudaEventDestroy(e);
   std::sort(ms.begin(), ms.end());
   Timing timing;
   timing.repeats = repeats;
@@ -688,8 +699,8 @@ ResultRow measure(const std::string& step, const std::string& direction, DeviceP
     }
   }
   try {
-    row.timing =
-        time_step(step, dp, backward, options.deterministic, options.warmup, options.repeats);
+    row.timing = time_step(step, dp, backward, options.deterministic, options.warmup,
+                           options.repeats, options.warmup_ms);
   } catch (const std::exception& e) {
     row.error = e.what();
   }

@@ -147,6 +147,13 @@ void add_run_flags(std::vector<Flag>* flags, Options* o) {
          *e = "--warmup must be >= 0";
          return false;
        }},
+      {"--warmup-ms", true,
+       [o](auto& v, auto* e) {
+         if (!parse_int("--warmup-ms", v, &o->warmup_ms, e)) return false;
+         if (o->warmup_ms >= 0) return true;
+         *e = "--warmup-ms must be >= 0";
+         return false;
+       }},
       {"--repeats", true,
        [o](auto& v, auto* e) { return parse_positive("--repeats", v, &o->repeats, e); }},
       {"--no-check", false, [o](auto&, auto*) { return !(o->check = false); }},
@@ -172,13 +179,14 @@ std::string run_flags_usage(const Options& d) {
   char text[640];
   std::snprintf(text, sizeof text,
                 "  --seed N           input seed (fresh each run, printed)\n"
-                "  --warmup N         untimed runs (%d)\n"
+                "  --warmup N         untimed runs, at least (%d)\n"
+                "  --warmup-ms N      and untimed runs until N ms have passed (%d)\n"
                 "  --repeats N        timed runs, median reported (%d)\n"
                 "  --no-check         skip the oracle checks\n"
                 "  --check-rows N     rows sampled per check (%d)\n"
                 "  --deterministic    backward with the same bits every run\n"
                 "  --out FILE         also write the results as .csv or .json\n",
-                d.warmup, d.repeats, d.check_rows);
+                d.warmup, d.warmup_ms, d.repeats, d.check_rows);
   return text;
 }
 

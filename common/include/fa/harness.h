@@ -185,6 +185,7 @@ Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool
 /// What measure() does besides timing.
 struct MeasureOptions {
   bool check = true;           ///< compare with the oracle first (sampled rows)
+  bool time = true;            ///< then time it (false: the check alone)
   int check_rows = 64;         ///< query rows (and key rows for the backward) sampled
   uint64_t seed = 1;           ///< seed of the row sample
   int warmup = 3;              ///< untimed runs first

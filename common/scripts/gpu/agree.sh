@@ -8,11 +8,11 @@
 # it (dmon.txt), and every progress line gets a wall-clock stamp, so a slow row can be matched
 # with the clocks it ran at.
 #   FA_AGREE_STEPS   steps (default 05_split_q,06_causal_skip,10_hopper_pingpong)
-#   FA_AGREE_ARGS    shape flags common to both tools (default d = 128, no mask, 8K and 16K)
+#   FA_AGREE_ARGS    shape flags common to both tools (default d = 128, 8K and 16K; no mask)
 # Assumes a tree built for the GPU in $FA_BUILD_DIR (default build-gpu). About 2 minutes.
 . "$(dirname "$0")/setup.sh" agree
 steps=${FA_AGREE_STEPS:-05_split_q,06_causal_skip,10_hopper_pingpong}
-shape=${FA_AGREE_ARGS:---head-dims 128 --causal 0 --seqlens 8192,16384}
+cshape=${FA_AGREE_ARGS:---head-dims 128 --seqlens 8192,16384}
 stamp() { while IFS= read -r l; do printf '%s %s\n' "$(date +%T)" "$l"; done; }
 nvidia-smi dmon -s pcv -d 1 -o T > "$out/dmon.txt" 2>&1 &
 dmon=$!
@@ -20,11 +20,11 @@ for pass in 1 2; do
   for inputs in normal uniform; do
     say "$(date +%T) compare.py --inputs $inputs, pass $pass"
     FA_BUILD_DIR=$build python3 common/python/compare.py --steps "$steps" --backends flash \
-      --directions fwd $shape --warmup 3 --repeats 10 --inputs $inputs \
+      --directions fwd $cshape --causal 0 --warmup 3 --repeats 10 --inputs $inputs \
       --out "$out/agree_${inputs}_$pass.json" 2>&1 | stamp >> "$out/agree_progress.txt"
   done
   say "$(date +%T) bench, pass $pass"
-  "$bin/bench" --steps "$steps" --direction fwd $shape --warmup 3 --repeats 10 \
+  "$bin/bench" --steps "$steps" --direction fwd $cshape --causal off --warmup 3 --repeats 10 \
     --out "$out/agree_bench_$pass.json" 2>&1 | tr '\r' '\n' | stamp >> "$out/agree_progress.txt"
 done
 kill $dmon 2> /dev/null

@@ -698,6 +698,7 @@ ResultRow measure(const std::string& step, const std::string& direction, DeviceP
       row.rel_l2 = std::max(row.rel_l2, e.rel_l2);
     }
   }
+  if (!options.time) return row;
   try {
     row.timing = time_step(step, dp, backward, options.deterministic, options.warmup,
                            options.repeats, options.warmup_ms);

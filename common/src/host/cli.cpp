@@ -379,8 +379,9 @@ std::string bench_usage(const std::string& program) {
   return "usage: " + program +
          " [flags]\n"
          "Runs every registered step over the paper's sweep: tokens fixed, batch = tokens /\n"
-         "seqlen, heads = hidden / head dim. Checks each result, times it, and prints each\n"
-         "step's speed-up over the step before it and over the first.\n"
+         "seqlen, heads = hidden / head dim. Times every step on a shape, one after another,\n"
+         "then checks each result, and prints each step's speed-up over the step before it\n"
+         "and over the first.\n"
          "  --steps A,B,...    steps to run (all registered)\n"
          "  --seqlens N,...    sequence lengths (512,1024,2048,4096,8192,16384)\n"
          "  --head-dims N,...  head dims (64,128)\n"

@@ -28,8 +28,10 @@ fp32 PyTorch reference computed on the upcast inputs of two (batch, head) slices
 harness's per-dtype bounds (fa::tolerance() in common/src/host/metrics.cpp), and with FLASH's
 output on the whole tensor.
 
-Timing: the harness's method: CUDA events around each call, warm-up runs, the median of the
-timed repeats, and the spread (max - min) / median. The calls are queued back to back so
+Timing: the harness's method: CUDA events around each call, warm-up runs (at least --warmup,
+and for at least --warmup-ms, 250 ms: the GPU in a sustained load's clock state, see the
+README's "Burst or sustained"), the median of the timed repeats, and the spread
+(max - min) / median. The calls are queued back to back so
 that Python's launch overhead (a few microseconds that the C++ harness does not have) is
 hidden behind the GPU work instead of being timed. TFLOP/s use the harness's FLOP counts:
 forward 4 B H Nq Nk d over unmasked pairs only, backward 2.5x forward.

@@ -165,10 +165,13 @@ def settings_line(doc):
     s = doc.get("settings", {})
     if not s:
         return ""
+    warm = "%d warm-up runs" % s.get("warmup", 0)
+    if s.get("warmup_ms"):
+        warm += " and more for at least %g ms" % s["warmup_ms"]
     return ("%s, %d tokens per batch (batch = %d / seqlen), hidden %d (heads = %d / head dim), "
-            "%d warm-up runs, median of %d; %s." % (
+            "%s, median of %d; %s." % (
                 s.get("dtype", "fp16"), s.get("tokens", 16384), s.get("tokens", 16384),
-                s.get("hidden", 2048), s.get("hidden", 2048), s.get("warmup", 0),
+                s.get("hidden", 2048), s.get("hidden", 2048), warm,
                 s.get("repeats", 0), "outputs checked against an fp32 reference and FLASH"
                 if s.get("checked", True) else "outputs not checked"))
 

@@ -174,11 +174,12 @@ CheckResult check_backward_sampled(const std::string& step, DeviceProblem& dp, i
 /// Median, min and max over `repeats` timed runs, each between two CUDA events and all queued
 /// back to back (one synchronization at the end, as compare.py times PyTorch), after untimed
 /// runs: at least `warmup` of them and, one after another, for at least `warmup_ms`
-/// milliseconds. The time-based warm-up puts the GPU into the power and clock state of a
-/// sustained load before every measurement, whatever ran (or idled) before it: an H200 that
-/// idled through a host-side oracle check runs a short burst several percent faster than
-/// one that has been busy (power-limit throttling), and the bench and compare.py then
-/// disagreed by up to 15% on the same shape. `backward` times fa_backward (after one forward).
+/// milliseconds. The time-based warm-up brings the GPU close to the power and clock state of
+/// a sustained load before every measurement, whatever ran (or idled) before it. The H200 of
+/// this project runs these kernels at its power cap (nvidia-smi dmon: 670-700 W, SM clock
+/// 1680-1980 MHz, power violation most of the time), so a short burst after an idle spell
+/// runs several percent faster than the same burst on a busy GPU. `backward` times
+/// fa_backward (after one forward).
 Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool deterministic,
                  int warmup, int repeats, int warmup_ms = 0);
 
@@ -189,7 +190,8 @@ struct MeasureOptions {
   int check_rows = 64;         ///< query rows (and key rows for the backward) sampled
   uint64_t seed = 1;           ///< seed of the row sample
   int warmup = 3;              ///< untimed runs first
-  int warmup_ms = 250;         ///< and untimed runs until this much time has passed
+  int warmup_ms = 0;           ///< and untimed runs until this much time has passed (the
+                               ///< runner and bench flags: 250; fa_lab_timing interleaves rounds)
   int repeats = 10;            ///< timed runs; the median is reported
   bool deterministic = false;  ///< backward in deterministic mode
 };

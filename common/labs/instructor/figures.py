@@ -67,10 +67,12 @@ def main():
            + (f" and `docs/results/nvidia-h200_io.json` (Nsight Compute, commit "
               f"`{io_doc.get('commit', '?')}`, {io_doc.get('date', '?')})" if io_doc else "")
            + "; do not edit by hand. Back to @ref labs_instructor.", "",
-           "The bench times every run between two CUDA events and synchronizes after each "
-           "(median of its repeats), the way the lab timer does; fp16, 16K tokens per batch, "
-           "hidden 2048. The figures belong to the commit named above: after the steps "
-           "change, measure again and rerun this script.", "", "[TOC]", ""]
+           "The bench times every run between two CUDA events, the runs queued back to back "
+           "(median of its repeats), as the lab timer does; unlike the lab timer it warms up "
+           "for at least 250 ms first (the lab timer interleaves rounds of all its steps "
+           "instead). fp16, 16K tokens per batch, hidden 2048. The figures belong to the "
+           "commit named above: after the steps change, measure again and rerun this script.",
+           "", "[TOC]", ""]
     for target, d in m.lab_defs().items():
         speed = d["speed"]
         base = speed.get("baseline") or m.parent_of(target, steps)

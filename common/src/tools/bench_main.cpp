@@ -1,9 +1,9 @@
 /// \file bench_main.cpp
 /// \brief The per-step benchmark: every registered step over the paper's sweep (16K tokens,
 /// hidden 2048, seqlen 512..16K, head dims 64 and 128, causal off and on), or with --decode
-/// over decode shapes (few query rows, long keys, GB/s of K and V beside TFLOP/s), each result
-/// checked against the oracle before it is timed, with each step's speed-up over the step
-/// before it and over the first.
+/// over decode shapes (few query rows, long keys, GB/s of K and V beside TFLOP/s): the steps
+/// of a shape timed one after another, then each result checked against the oracle, with
+/// each step's speed-up over the step before it and over the first.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -518,8 +518,8 @@ __device__ __forceinline__ void store_o_and_lse(const float* o_acc,
 /// barriers) and adds \f$P_w V_{j,w} / \ell^{new}\f$ into the shared o_acc, which stays
 /// normalized, in 4 rounds (3 barriers).
 /// K and V have one shared-memory stage each, loaded in turn: after the barrier at the top of
-/// block j the thread block starts loading \f$V_j\f$ (it lands during \f$S_j\f$ and the
-/// softmax), after a second barrier \f$K_{j+1}\f$ (it lands during \f$P_j V_j\f$).
+/// block j the thread block starts loading \f$V_j\f$ (it lands during \f$S_j\f$), after a
+/// second barrier \f$K_{j+1}\f$ (it lands during the softmax and \f$P_j V_j\f$).
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, 2)  // 2 per SM: see TileShape
     flash_forward_kernel(const fa_fwd_args args, const float scale_log2) {
@@ -580,7 +580,7 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, 2)  // 2 per SM
     fa::cp_async_wait<0>();
     __syncthreads();  // K_j has landed; every warp is done with V_{j-1}
     load_tile_async<Tr, Tr::kBlockN>(v_tile, v, args.v.row_stride, kv_start, seqlen_k, tid);
-    fa::cp_async_commit();  // V_j lands while S_j and the softmax are computed
+    fa::cp_async_commit();  // V_j lands while S_j is computed
 
     float s[Tr::kMTiles][Tr::kNTilesS][4];
     compute_scores<Tr, T>(s, q_tile, k_tile, warp_key0, lane);
@@ -590,16 +590,16 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads, 2)  // 2 per SM
       apply_mask<Tr>(s, q_start + lane / 4, kv_start + warp_key0, seqlen_q, seqlen_k, args.causal,
                      lane);
 
-    float o_scale[Tr::kMTiles][2], p_scale[Tr::kMTiles][2];
-    online_softmax<Tr>(s, row_max, row_sum, o_scale, p_scale, warp_max, warp_sum, scale_log2, warp,
-                       lane);
     fa::cp_async_wait<0>();
     __syncthreads();                // V_j has landed; every warp is done with K_j
-    if (kv_block + 1 < n_blocks) {  // K_{j+1} lands while P_j V_j is computed
+    if (kv_block + 1 < n_blocks) {  // K_{j+1} lands during the softmax and P_j V_j
       load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, kv_start + Tr::kBlockN,
                                        seqlen_k, tid);
       fa::cp_async_commit();
     }
+    float o_scale[Tr::kMTiles][2], p_scale[Tr::kMTiles][2];
+    online_softmax<Tr>(s, row_max, row_sum, o_scale, p_scale, warp_max, warp_sum, scale_log2, warp,
+                       lane);
 #pragma unroll
     for (int round = 0; round < Tr::kNumWarps; ++round) {  // warp w: slice (w + round) % 4
       const int col0 = (warp + round) % Tr::kNumWarps * Tr::kNTilesO * 8;

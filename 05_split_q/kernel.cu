@@ -5,12 +5,11 @@
 /// What this step adds to step 04:
 /// - Each of the 4 warps owns its rows of the Q block and sees the whole K/V tile, so its S,
 ///   softmax statistics and o_acc rows are complete in the warp: o_acc moves into registers,
-///   the warps exchange nothing, the one barrier per K/V block guards the K/V stages, and O
+///   the warps exchange nothing, the two barriers per K/V block guard the K and V tiles, and O
 ///   leaves through the Q tile.
 /// - Riders, each a switch so that README.md measures it alone: the 128-row Q block that a
 ///   register o_acc allows (`-DFA_FWD_BLOCK_M=64` for 64 rows), and no o_acc rescale when no
 ///   row max of the warp grew (`-DFA_RESCALE_SKIP=0` turns that off).
-/// - A third rider, measured in README.md: two stages of a K and a V tile (step 04: one each).
 ///
 /// Everything else is step 04.
 /// Causal attention: the K/V blocks entirely above the diagonal are skipped, as FlashAttention-1's
@@ -54,10 +53,10 @@ namespace {
 /// Tile shape per head dimension: \f$B_r\f$ (kBlockM) query rows, \f$B_c\f$ (kBlockN) key
 /// rows, kNumWarps warps. As in FlashAttention-2, 4 warps share a 128-row Q block, 32 rows
 /// each. The registers of a thread hold its rows' o_acc (\f$32 d / 32\f$ floats) and S tile
-/// (\f$32 B_c / 32\f$ floats), so \f$B_c\f$ shrinks as d grows. Shared memory is Q plus two
-/// stages of K and V, \f$(B_r + 4 B_c)\, d \cdot 2\f$ bytes: 80 KiB (d = 64) and 96 KiB
+/// (\f$32 B_c / 32\f$ floats), so \f$B_c\f$ shrinks as d grows. Shared memory is Q plus
+/// one K and one V tile, \f$(B_r + 2 B_c)\, d \cdot 2\f$ bytes: 48 KiB (d = 64) and 64 KiB
 /// (d = 128). That fits every sm_80+ GPU (at most 99 KiB per thread block on sm_86/sm_89);
-/// two thread blocks share an SM on the A100 at d = 64 and on the H100/H200 at both.
+/// two thread blocks share an SM on the A100, H100 and H200 at both.
 template <int kHeadDim>
 struct TileShape;
 template <>
@@ -86,8 +85,7 @@ struct Traits {
   static constexpr int kQBytes = kBlockM * kRowBytes;
   static constexpr int kKBytes = kBlockN * kRowBytes;
   static constexpr int kVBytes = kBlockN * kRowBytes;
-  static constexpr int kStageBytes = kKBytes + kVBytes;  ///< one K tile and one V tile
-  static constexpr int kSmemBytes = kQBytes + 2 * kStageBytes;
+  static constexpr int kSmemBytes = kQBytes + kKBytes + kVBytes;
 
   static_assert(kWarpRows % 16 == 0, "each warp owns whole m16 tiles");
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k16 steps must tile S and P V");
@@ -456,16 +454,18 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
 /// FlashAttention-2 forward, warps split Q. One thread block per (Q block, head, batch);
 /// warp w owns Q rows [32 w, 32 w + 32) of the block. Per K/V block j, each warp computes
 /// \f$S = Q_w K_j^T\f$, masks, updates its online softmax and \f$O_w \mathrel{+}= P V_j\f$,
-/// all in registers. K and V have two shared-memory stages: at the top of block j (one
-/// barrier) the thread block starts loading \f$K_{j+1}, V_{j+1}\f$ into the stage that block
-/// j - 1 just left, and they land while block j is computed.
+/// all in registers.
+/// K and V have one shared-memory stage each, loaded in turn: after the barrier at the top of
+/// block j the thread block starts loading \f$V_j\f$ (it lands during \f$S_j\f$), after a
+/// second barrier \f$K_{j+1}\f$ (it lands during the softmax and \f$P_j V_j\f$).
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
     flash_forward_kernel(const fa_fwd_args args, const float scale_log2) {
   using Tr = Traits<kHeadDim>;
   extern __shared__ __align__(128) char smem[];
   char* const q_tile = smem;
-  char* const kv_stages = smem + Tr::kQBytes;  // stage s: K tile, then V tile
+  char* const k_tile = smem + Tr::kQBytes;
+  char* const v_tile = k_tile + Tr::kKBytes;
 
   // Which (q_block, head, batch) this thread block computes, in the order launch() explains.
   const int num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
@@ -507,26 +507,17 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 
   const int n_blocks = kv_blocks_seen<Tr>(args, q_start);
 
-  // Prologue: Q, K_0 and V_0 in one cp.async group, into stage 0.
+  // Prologue: Q and K_0 in one cp.async group.
   load_tile_async<Tr, Tr::kBlockM>(q_tile, q, args.q.row_stride, q_start, seqlen_q, tid);
-  load_tile_async<Tr, Tr::kBlockN>(kv_stages, k, args.k.row_stride, 0, seqlen_k, tid);
-  load_tile_async<Tr, Tr::kBlockN>(kv_stages + Tr::kKBytes, v, args.v.row_stride, 0, seqlen_k, tid);
+  load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, 0, seqlen_k, tid);
   fa::cp_async_commit();
 
   for (int kv_block = 0; kv_block < n_blocks; ++kv_block) {
     const int kv_start = kv_block * Tr::kBlockN;
-    const char* const k_tile = kv_stages + (kv_block % 2) * Tr::kStageBytes;
-    const char* const v_tile = k_tile + Tr::kKBytes;
     fa::cp_async_wait<0>();
-    __syncthreads();  // K_j and V_j have landed; every warp is done with block j - 1's stage
-    if (kv_block + 1 < n_blocks) {  // K_{j+1} and V_{j+1} into that stage
-      char* const next = kv_stages + ((kv_block + 1) % 2) * Tr::kStageBytes;
-      load_tile_async<Tr, Tr::kBlockN>(next, k, args.k.row_stride, kv_start + Tr::kBlockN, seqlen_k,
-                                       tid);
-      load_tile_async<Tr, Tr::kBlockN>(next + Tr::kKBytes, v, args.v.row_stride,
-                                       kv_start + Tr::kBlockN, seqlen_k, tid);
-      fa::cp_async_commit();
-    }
+    __syncthreads();  // K_j has landed; every warp is done with V_{j-1}
+    load_tile_async<Tr, Tr::kBlockN>(v_tile, v, args.v.row_stride, kv_start, seqlen_k, tid);
+    fa::cp_async_commit();  // V_j lands while S_j is computed
 
     float s[Tr::kMTiles][Tr::kNTilesS][4];
     compute_scores<Tr, T>(s, q_tile, k_tile, warp_row0, lane);
@@ -536,6 +527,13 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
       apply_mask<Tr>(s, q_start + warp_row0 + lane / 4, kv_start, seqlen_q, seqlen_k, args.causal,
                      lane);
 
+    fa::cp_async_wait<0>();
+    __syncthreads();                // V_j has landed; every warp is done with K_j
+    if (kv_block + 1 < n_blocks) {  // K_{j+1} lands during the softmax and P_j V_j
+      load_tile_async<Tr, Tr::kBlockN>(k_tile, k, args.k.row_stride, kv_start + Tr::kBlockN,
+                                       seqlen_k, tid);
+      fa::cp_async_commit();
+    }
     online_softmax<Tr>(s, row_max, row_sum, o_acc, scale_log2);
     accumulate_pv<Tr, T>(o_acc, s, v_tile, lane);
   }

@@ -52,6 +52,7 @@ struct BenchOptions {
   int warmup = 3;              ///< untimed runs per cell
   int warmup_ms = 250;         ///< and untimed runs until this much time has passed
   int repeats = 10;            ///< timed runs per cell, median reported
+  int heat_ms = 2000;          ///< before a shape's cells are timed, its first runs this long
   bool check = true;           ///< check every cell against the oracle (after a shape's timing)
   int check_rows = 64;         ///< rows sampled per check
   uint64_t seed = 0;           ///< 0: fresh from the clock (printed)

@@ -183,6 +183,14 @@ CheckResult check_backward_sampled(const std::string& step, DeviceProblem& dp, i
 Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool deterministic,
                  int warmup, int repeats, int warmup_ms = 0);
 
+/// Runs `step` untimed, one run after another, for at least `ms` milliseconds (time_step()'s
+/// warm-up alone). The bench calls it before the first timed cell of every shape
+/// (`--heat-ms`): the GPU idles through the host-side checks of the shape before, and under
+/// the H200's power cap it takes about 2 s of load to reach the clocks of a sustained one,
+/// far more than one cell's warm-up. Without it the first cells of a shape time faster than
+/// the later ones (05_split_q/NOTES.md, "An order effect in the bench").
+void heat(const std::string& step, DeviceProblem& dp, bool backward, bool deterministic, int ms);
+
 /// What measure() does besides timing.
 struct MeasureOptions {
   bool check = true;           ///< compare with the oracle first (sampled rows)

@@ -648,6 +648,7 @@ Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool
     if (warmup_ms > 0) cuda_check(cudaDeviceSynchronize(), "warm-up");
   }
   cuda_check(cudaDeviceSynchronize(), "warm-up");
+  if (repeats <= 0) return Timing{};  // heat(): the warm-up alone
   std::vector<cudaEvent_t> events(2 * static_cast<size_t>(repeats));
   for (cudaEvent_t& e : events) cuda_check(cudaEventCreate(&e), "cudaEventCreate");
   for (int i = 0; i < repeats; ++i) {  // queued back to back: no host gap between the runs
@@ -671,6 +672,10 @@ Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool
   timing.median_ms =
       ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
   return timing;
+}
+
+void heat(const std::string& step, DeviceProblem& dp, bool backward, bool deterministic, int ms) {
+  if (ms > 0) time_step(step, dp, backward, deterministic, 1, 0, ms);
 }
 
 ResultRow measure(const std::string& step, const std::string& direction, DeviceProblem& dp,

@@ -343,6 +343,13 @@ bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* o, std
        [&](auto& v, auto* e) { return parse_int_list("--heads-kv", v, &o->heads_kv, e); }},
       {"--max-kv-mib", true,
        [&](auto& v, auto* e) { return parse_positive("--max-kv-mib", v, &o->max_kv_mib, e); }},
+      {"--heat-ms", true,
+       [&](auto& v, auto* e) {
+         if (!parse_int("--heat-ms", v, &o->heat_ms, e)) return false;
+         if (o->heat_ms >= 0) return true;
+         *e = "--heat-ms must be >= 0";
+         return false;
+       }},
   };
   add_run_flags(&flags, o);
   if (!parse_flags(args, flags, error)) return false;
@@ -398,7 +405,10 @@ std::string bench_usage(const std::string& program) {
          "  --batches N,...    decode: batch sizes (1,4,16)\n"
          "  --heads N          decode: query heads (32)\n"
          "  --heads-kv N,...   decode: key/value heads (8,32)\n"
-         "  --max-kv-mib N     decode: skip shapes whose K and V take more (1024)\n" +
+         "  --max-kv-mib N     decode: skip shapes whose K and V take more (1024)\n"
+         "  --heat-ms N        before a shape's cells are timed, run its first untimed for N ms,\n"
+         "                     so that the GPU, idle during the last shape's checks, is at the\n"
+         "                     clocks of a sustained load for every cell (2000; 0: off)\n" +
          run_flags_usage(BenchOptions());
 }
 

@@ -126,6 +126,20 @@ TEST(BenchFlags, DefaultsAreThePaperSweep) {
   EXPECT_EQ(o.hidden, 2048);
   EXPECT_EQ(o.dtype, FA_FP16);
   EXPECT_TRUE(o.steps.empty());
+  EXPECT_EQ(o.heat_ms, 2000);
+}
+
+TEST(BenchFlags, HeatMs) {
+  BenchOptions o;
+  std::string error;
+  ASSERT_TRUE(parse_bench_args({"--heat-ms", "0"}, &o, &error)) << error;
+  EXPECT_EQ(o.heat_ms, 0);
+  ASSERT_TRUE(parse_bench_args({"--heat-ms=500"}, &o, &error)) << error;
+  EXPECT_EQ(o.heat_ms, 500);
+  EXPECT_FALSE(parse_bench_args({"--heat-ms", "-1"}, &o, &error));
+  EXPECT_EQ(error, "--heat-ms must be >= 0");
+  EXPECT_FALSE(parse_bench_args({"--heat-ms", "2s"}, &o, &error));
+  EXPECT_NE(error.find("--heat-ms"), std::string::npos);
 }
 
 TEST(BenchFlags, ListsAndChoices) {

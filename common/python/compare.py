@@ -32,7 +32,9 @@ output on the whole tensor.
 
 Timing: the harness's method: CUDA events around each call, warm-up runs (at least --warmup,
 and for at least --warmup-ms, 250 ms: the GPU in a sustained load's clock state, see the
-README's "Burst or sustained"), the median of the timed repeats, and the spread
+README's "Burst or sustained"; the first measurement of a shape warms up for at least
+--heat-ms, 2000 ms, as the bench does, since the GPU idled while the shape's inputs and
+reference were made), the median of the timed repeats, and the spread
 (max - min) / median. The calls are queued back to back so
 that Python's launch overhead (a few microseconds that the C++ harness does not have) is
 hidden behind the GPU work instead of being timed. TFLOP/s use the harness's FLOP counts:
@@ -170,6 +172,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=5, help="untimed runs per measurement (5)")
     p.add_argument("--warmup-ms", type=float, default=250.0,
                    help="and untimed runs until this many ms have passed (250; as the harness)")
+    p.add_argument("--heat-ms", type=float, default=2000.0,
+                   help="the first measurement of each shape warms up this long (2000; as the "
+                        "bench's --heat-ms)")
     p.add_argument("--repeats", type=int, default=20, help="timed runs, median reported (20)")
     p.add_argument("--quick", action="store_true",
                    help="seqlens 1024,4096, warm-up 2, repeats 5 (other flags still apply)")
@@ -218,6 +223,7 @@ def parse_args(argv=None):
             a.seqlens = [1024, 4096]
         a.warmup = min(a.warmup, 2)
         a.warmup_ms = min(a.warmup_ms, 50.0)
+        a.heat_ms = min(a.heat_ms, 50.0)
         a.repeats = min(a.repeats, 5)
     a.directions = [d for d in a.directions.split(",") if d]
     if not a.directions or any(d not in ("fwd", "bwd") for d in a.directions):
@@ -228,8 +234,8 @@ def parse_args(argv=None):
         p.error("--seqlens and --head-dims must be positive")
     if any(n < 1 for n in a.seqlens_q + a.seqlens_k + a.batches + a.heads_kv) or a.heads < 1:
         p.error("--seqlens-q, --seqlens-k, --batches, --heads and --heads-kv must be positive")
-    if a.repeats < 1 or a.warmup < 0 or not a.warmup_ms >= 0:
-        p.error("--repeats must be >= 1, --warmup and --warmup-ms >= 0")
+    if a.repeats < 1 or a.warmup < 0 or not a.warmup_ms >= 0 or not a.heat_ms >= 0:
+        p.error("--repeats must be >= 1, --warmup, --warmup-ms and --heat-ms >= 0")
     names = dict((n.split("_", 1)[1], n) for n, _ in BACKENDS)
     a.backends = [b for b in a.backends.split(",") if b]
     for b in a.backends:
@@ -527,8 +533,12 @@ def measure_shape(torch, fs, args, shape, steps, progress):
             r["kv_bytes"] = kv_bytes(B, Hkv, Nk, d)
         return r
 
+    heated = []  # the first measurement of the shape warms up for --heat-ms
+
     def timed(fn):
-        return time_calls(torch, fn, args.warmup, args.repeats, dev, args.warmup_ms)
+        warmup_ms = args.warmup_ms if heated else max(args.warmup_ms, args.heat_ms)
+        heated.append(True)
+        return time_calls(torch, fn, args.warmup, args.repeats, dev, warmup_ms)
 
     def finish(r, timing, checks, vs_flash):
         r.update(timing)
@@ -858,7 +868,7 @@ def main(argv=None):
                         "seqlens": args.seqlens, "head_dims": args.head_dims,
                         "causal": [bool(c) for c in args.causal],
                         "directions": args.directions, "warmup": args.warmup,
-                        "warmup_ms": args.warmup_ms,
+                        "warmup_ms": args.warmup_ms, "heat_ms": args.heat_ms,
                         "repeats": args.repeats, "seed": args.seed,
                         "checked": not args.no_check, "deterministic": args.deterministic,
                         "steps": steps, "backends": args.backends,

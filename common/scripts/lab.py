@@ -562,9 +562,13 @@ def recorded_gain(baseline, reference, direction, shapes, root=ROOT):
     without the reference (a course pack), or None. Returns (gain, "where it comes from").
     Only the bench's rows count ("step", not compare.py's "impl"): compare.py queues its runs
     back to back, the harness synchronizes after each, and 01_naive's stream-ordered
-    allocations make its time differ by 2x between the two."""
+    allocations make its time differ by 2x between the two. A GPU's current bench run,
+    `<gpu>_bench.json`, is read before the runs kept beside it (`<gpu>_<what>*.json`), whatever
+    their names."""
     keys = [shape_key(parse_shape(s)) for s in shapes]
-    for path in sorted((root / "docs" / "results").glob("*.json")):
+    paths = sorted((root / "docs" / "results").glob("*.json"),
+                   key=lambda p: (re.fullmatch(r"[^_]+_bench\.json", p.name) is None, p.name))
+    for path in paths:
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError):

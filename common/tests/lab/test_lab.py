@@ -368,6 +368,29 @@ class LabHostTests(unittest.TestCase):
         self.assertIn("not in this history",
                       m.recorded_is_stale("01_a", "02_b", "fwd", [shape], root))
 
+    def test_recorded_gain_reads_the_current_bench_run_first(self):
+        """A run kept beside the current one (an older pair, a variant probe) may sort first by
+        name; the current `<gpu>_bench.json` is still the one read."""
+        m = self.m
+        root = self.tmp / "kept_runs"
+        (root / "docs" / "results").mkdir(parents=True)
+        shape = "4,32,32,4096,4096,64,0"
+
+        def write(name, ms_b, commit):
+            rows = [dict(m.parse_shape(shape), step=s, direction="fwd", dtype="fp16", median_ms=ms)
+                    for s, ms in (("01_a", 2.0), ("02_b", ms_b))]
+            (root / "docs" / "results" / name).write_text(json.dumps(
+                {"gpu": {"name": "Fake GPU"}, "run": {"commit": commit}, "results": rows}))
+
+        write("gpu_2old_bench.json", 2.0, "aaaa")  # sorts before gpu_bench.json
+        write("gpu_bench.json", 0.5, "bbbb")
+        write("gpu_x_variant.json", 4.0, "cccc")
+        got = m.recorded_gain("01_a", "02_b", "fwd", [shape], root)
+        self.assertAlmostEqual(got[0], 4.0)
+        self.assertEqual(got[2], "bbbb")
+        (root / "docs" / "results" / "gpu_bench.json").unlink()  # no current run: the kept ones
+        self.assertEqual(m.recorded_gain("01_a", "02_b", "fwd", [shape], root)[2], "aaaa")
+
     def test_grade_flow_with_fake_tools(self):
         """lab.py grade from end to end on stand-ins for nvidia-smi, cmake, the GPU test
         program and the timer: an unchanged lab fails the speed check, the reference passes,

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Nsight Compute, full set, of one step's kernel beside PyTorch FLASH's on the same tensors:
+# one compare.py run per shape, the first two launches of each kernel (the checked call and
+# the timed one). Writes ncu_<dir>_d<d>_N<N>[_c].txt (every section, both kernels) and the
+# per-instruction source page (_sass.csv.gz) under $OUT; the report files are removed (the
+# device tool brings back few files).
+#   FA_NCU_DIRECTION=bwd     bwd: 07's main backward kernel beside
+#                            flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel (07_backward/NOTES.md,
+#                            change 9); fwd: a forward step's kernel beside flash_fwd_kernel
+#   FA_NCU_STEP              the step (07_backward for bwd, 06_causal_skip for fwd)
+#   FA_NCU_SHAPES="64:4096 128:4096"   head dim : seqlen [: causal 0/1, default 0]; 16K tokens,
+#                            hidden 2048
+# Assumes a tree built for the GPU in $FA_BUILD_DIR (default build-gpu). About 45 s a shape.
+. "$(dirname "$0")/setup.sh" ncu
+command -v ncu > /dev/null || { say "no ncu on this machine"; exit 2; }
+dir=${FA_NCU_DIRECTION:-bwd}
+case $dir in
+  bwd) step=${FA_NCU_STEP:-07_backward} kernels='bwd_dk_dv_kernel|flash_bwd_dq_dk_dv' ;;
+  fwd) step=${FA_NCU_STEP:-06_causal_skip} kernels='flash_forward_kernel|flash_fwd_kernel' ;;
+  *) say "FA_NCU_DIRECTION is fwd or bwd, not '$dir'"; exit 2 ;;
+esac
+for spec in ${FA_NCU_SHAPES:-64:4096 128:4096}; do
+  IFS=: read -r d n causal <<< "$spec"
+  causal=${causal:-0}
+  name=ncu_${dir}_d${d}_N${n}$([ "$causal" = 1 ] && echo _c)
+  FA_BUILD_DIR=$build timeout 300 ncu --clock-control none --set full -f -o "$out/$name" \
+    -k regex:"$kernels" -c 4 \
+    python3 common/python/compare.py --steps "$step" --backends flash --directions "$dir" \
+    --seqlens "$n" --head-dims "$d" --causal "$causal" --warmup 0 --repeats 1 --no-check \
+    --out "$out/$name.json" > "$out/$name.log" 2>&1
+  say "$name: rc=$? $(grep -c '==PROF==' "$out/$name.log") profiler lines"
+  ncu -i "$out/$name.ncu-rep" --print-details all > "$out/$name.txt" 2>&1
+  ncu -i "$out/$name.ncu-rep" --page source --csv --print-source sass > "$out/${name}_sass.csv" 2>&1 &&
+    gzip -f "$out/${name}_sass.csv"
+  rm -f "$out/$name.ncu-rep" "$out/$name.json"
+  grep -E "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Issue Slots Busy|Shared Memory|Warp Cycles Per Issued|No Eligible" "$out/$name.txt" | head -40 | tee -a "$log"
+done

@@ -640,7 +640,7 @@ constexpr double kLog2e = 1.4426950408889634;
 
 // Tuning knob: unroll of the k loop of S^T and dP^T (NOTES.md: registers).
 #ifndef FA_BWD_ABT_UNROLL
-#define FA_BWD_ABT_UNROLL 4
+#define FA_BWD_ABT_UNROLL 8  // fully unrolled: the first mma takes C = 0 (NOTES.md, change 10)
 #endif
 constexpr int kAbtUnroll = FA_BWD_ABT_UNROLL;
 
@@ -788,6 +788,12 @@ struct BwdTraits {
   static_assert(kNumThreads % kChunksPerRow == 0, "a thread copies one column of chunks");
   static_assert(kRowPad % kBlockM == 0, "the padded scratch covers whole q_blocks");
   static_assert(kSmemBytes <= (kLargeSmem ? 227 : 99) * 1024, "fits the GPUs it is built for");
+  // A warp's first chunk (col0 / 8) and its n8 tiles add without carry (SmemA).
+  static_assert((kNTilesS & (kNTilesS - 1)) == 0 && (kKvNTiles & (kKvNTiles - 1)) == 0 &&
+                    (kDqNTiles & (kDqNTiles - 1)) == 0,
+                "n8 tile counts are powers of 2");
+  static_assert(kOffQ % 128 == 0 && kOffDo % 128 == 0 && kQBytes % 128 == 0,
+                "the Q and dO buffers start on whole swizzle atoms");
 };
 
 /// The large shape where it differs from the small one and the GPU has the shared memory.
@@ -822,32 +828,45 @@ struct DsLayout {
 //   SmemBt B stored transposed (rows n, columns k): Q, dO in S^T, dP^T; K, V in S, dP
 //   SmemB  B row-major (rows k, columns n): dO, Q in dV, dK; K in dQ (as V in the forward)
 
+// Addressing (NOTES.md, change 10): each source folds its run-time tile position (row0, and a first
+// column chunk c0) into the lane's offset once, `fragment_offset(lane_offset, row0, c0)`, and a
+// fragment then is `fragment_offset(that, r, n)` with r, n compile-time (the unrolled mt, nt,
+// k): one XOR with a constant (CSEd over the fragments that share n & 7) and an immediate.
+// fragment_offset(fragment_offset(x, R, c0), r, n) == fragment_offset(x, R + r, c0 + n) holds
+// when R, r are multiples of 8 and c0 + n has no carry (c0 a multiple of a power of 2 above
+// every n, the lane's own chunk bit below every n): the XOR only touches the chunk's low 3
+// bits, and the rows and the high chunk bits only add multiples of 128 bytes.
+
 /// A operand from a swizzled row-major tile whose rows are the m index: rows
 /// row0 + 16 mt + [0, 16), columns 16 k + [0, 16), one ldmatrix.x4.
 template <class Layout>
 struct SmemA {
   const char* tile;
-  uint32_t lane_offset;
-  int row0;
+  uint32_t lane_offset;  ///< the lane's offset of (row0, column 0)
   __device__ __forceinline__ SmemA(const char* t, int r0, int lane)
-      : tile(t), lane_offset(a_lane_offset<Layout>(lane)), row0(r0) {}
+      : tile(t), lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), r0, 0)) {}
+  /// The tile at `base + tile_off` (tile_off a run-time multiple of 128, the double buffers):
+  /// tile_off is folded into the lane's offset, so fragments stay `base + offset + immediate`.
+  __device__ __forceinline__ SmemA(const char* base, uint32_t tile_off, int r0, int lane)
+      : tile(base),
+        lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), r0, 0) + tile_off) {}
   __device__ __forceinline__ void load(uint32_t (&a)[4], int mt, int k) const {
-    load_a_fragment<Layout>(a, tile, lane_offset, row0 + 16 * mt, k);
+    fa::ldmatrix_x4(a, tile + fragment_offset<Layout>(lane_offset, 16 * mt, 2 * k));
   }
 };
 
 /// A operand whose tile holds \f$A^T\f$ (rows k, columns m): rows 16 k + [0, 16), columns
 /// row0 + 16 mt + [0, 16), one ldmatrix.x4.trans (each 8x8 matrix transposed on the way).
+/// row0 is a multiple of 32 and kMTiles <= 2 (dQ's two m16 tiles): chunk row0 / 8 + 2 mt
+/// has no carry.
 template <class Layout>
 struct SmemAt {
   const char* tile;
-  uint32_t lane_offset;
-  int row0;
+  uint32_t lane_offset;  ///< the lane's offset of (row 0, column row0)
   __device__ __forceinline__ SmemAt(const char* t, int r0, int lane)
-      : tile(t), lane_offset(b_lane_offset<Layout>(lane)), row0(r0) {}
+      : tile(t), lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), 0, r0 / 8)) {}
   __device__ __forceinline__ void load(uint32_t (&a)[4], int mt, int k) const {
-    fa::ldmatrix_x4_trans(
-        a, tile + fragment_offset<Layout>(lane_offset, 16 * k, (row0 + 16 * mt) / 8));
+    fa::ldmatrix_x4_trans(a, tile + fragment_offset<Layout>(lane_offset, 16 * k, 2 * mt));
   }
 };
 
@@ -869,26 +888,44 @@ struct RegA {
 template <class Layout>
 struct SmemBt {
   const char* tile;
-  uint32_t lane_offset;
-  int row0;
+  uint32_t lane_offset;  ///< the lane's offset of (row0, column 0)
   __device__ __forceinline__ SmemBt(const char* t, int r0, int lane)
-      : tile(t), lane_offset(b_lane_offset<Layout>(lane)), row0(r0) {}
+      : tile(t), lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), r0, 0)) {}
+  /// As SmemA's: the tile at `base + tile_off`, tile_off a multiple of 128.
+  __device__ __forceinline__ SmemBt(const char* base, uint32_t tile_off, int r0, int lane)
+      : tile(base),
+        lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), r0, 0) + tile_off) {}
   __device__ __forceinline__ void load(uint32_t (&b)[2][2], int nt, int k) const {
-    load_b_fragments<Layout>(b, tile, lane_offset, row0 + 8 * nt, k);
+    uint32_t r[4];
+    fa::ldmatrix_x4(r, tile + fragment_offset<Layout>(lane_offset, 8 * nt, 2 * k));
+    b[0][0] = r[0];
+    b[0][1] = r[1];
+    b[1][0] = r[2];
+    b[1][1] = r[3];
   }
 };
 
 /// B operand from a row-major tile (rows k, columns n, as V in \f$P V\f$): rows
-/// k_row0 + 16 k + [0, 16), columns col0 + 8 nt + [0, 16), one ldmatrix.x4.trans.
+/// k_row0 + 16 k + [0, 16), columns col0 + 8 nt + [0, 16), one ldmatrix.x4.trans. k_row0 is a
+/// multiple of 16; col0 / 8 a multiple of the power of 2 at or above the warp's n8 tiles
+/// (dK, dV: kKvNTiles; dQ: kDqNTiles), so chunk col0 / 8 + nt has no carry.
 template <class Layout>
 struct SmemB {
   const char* tile;
-  uint32_t lane_offset;
-  int k_row0, col0;
+  uint32_t lane_offset;  ///< the lane's offset of (k_row0, col0)
   __device__ __forceinline__ SmemB(const char* t, int kr0, int c0, int lane)
-      : tile(t), lane_offset(a_lane_offset<Layout>(lane)), k_row0(kr0), col0(c0) {}
+      : tile(t), lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), kr0, c0 / 8)) {}
+  /// As SmemA's: the tile at `base + tile_off`, tile_off a multiple of 128.
+  __device__ __forceinline__ SmemB(const char* base, uint32_t tile_off, int kr0, int c0, int lane)
+      : tile(base),
+        lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), kr0, c0 / 8) + tile_off) {}
   __device__ __forceinline__ void load(uint32_t (&b)[2][2], int nt, int k) const {
-    load_b_fragments_trans<Layout>(b, tile, lane_offset, k_row0 / 16 + k, col0 + 8 * nt);
+    uint32_t r[4];
+    fa::ldmatrix_x4_trans(r, tile + fragment_offset<Layout>(lane_offset, 16 * k, nt));
+    b[0][0] = r[0];
+    b[0][1] = r[1];
+    b[1][0] = r[2];
+    b[1][1] = r[3];
   }
 };
 
@@ -1002,18 +1039,21 @@ __device__ __forceinline__ uint32_t tile_fragment_offset(int row0, int col0, int
 
 /// Stores packed 16-bit accumulator fragments `frag[mt][nt]` (pack_fragments layout) into a
 /// swizzled row-major tile: rows row0 + 16 mt + [0, 16), columns col0 + 8 nt + [0, 8).
+/// col0 / 8 is a multiple of kNTiles, a power of 2 (the run-time part is folded once, see
+/// SmemA).
 template <class Layout, int kMTiles, int kNTiles>
 __device__ __forceinline__ void store_tile_fragments(char* tile,
                                                      const uint32_t (&frag)[kMTiles][kNTiles][2],
                                                      int row0, int col0, int lane) {
+  static_assert((kNTiles & (kNTiles - 1)) == 0, "col0 / 8 + nt has no carry");
+  const uint32_t base = tile_fragment_offset<Layout>(row0, col0, 0, lane);
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<uint32_t*>(
-            tile + tile_fragment_offset<Layout>(row0 + 16 * mt, col0 + 8 * nt, h, lane)) =
+        *reinterpret_cast<uint32_t*>(tile + fragment_offset<Layout>(base, 16 * mt + 8 * h, nt)) =
             frag[mt][nt][h];
 }
 
@@ -1316,6 +1356,31 @@ struct BwdBlock {
   int head;               ///< the query head of the q_block
 };
 
+/// load_tile_async (above, the forward's) for the backward's Q and dO tiles: the same copies,
+/// but a tile whose rows all exist (every q_block but a ragged last one) takes a copy of the
+/// loop without the per-row bounds test and source select (NOTES.md, change 10).
+template <class Tr, int kRows, typename T>
+__device__ __forceinline__ void load_q_tile_async(char* smem_tile, const T* gmem,
+                                                  int64_t row_stride, int row0, int seqlen,
+                                                  int tid) {
+  constexpr int kRowsPerPass = Tr::kNumThreads / Tr::kChunksPerRow;
+  static_assert(kRows % kRowsPerPass == 0, "the threads cover the tile in whole passes");
+  static_assert(kRowsPerPass % 8 == 0, "every pass starts on a whole swizzle atom");
+  if (row0 + kRows > seqlen) {
+    load_tile_async<Tr, kRows>(smem_tile, gmem, row_stride, row0, seqlen, tid);
+    return;
+  }
+  const int chunk = tid % Tr::kChunksPerRow;
+  const int tile_row = tid / Tr::kChunksPerRow;
+  char* const dst = smem_tile + swizzle<Tr::kRowBytes>(tile_row, chunk);
+  const T* src = gmem + (row0 + tile_row) * row_stride + chunk * 8;
+#pragma unroll
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    fa::cp_async_16(dst + pass * kRowsPerPass * Tr::kRowBytes, src, true);
+    src += kRowsPerPass * row_stride;
+  }
+}
+
 /// Starts loading q_block `q_block` of query head `head` into buffer `buf`: Q with its lse and
 /// D (`with_q`), and/or dO (`with_do`). The caller commits the cp.async group.
 template <class Tr, typename T>
@@ -1328,8 +1393,8 @@ __device__ __forceinline__ void load_q_block(const fa_bwd_args& args, const BwdB
   if (with_q) {
     const T* q =
         static_cast<const T*>(f.q.ptr) + b.batch * f.q.batch_stride + head * f.q.head_stride;
-    load_tile_async<Tr, Tr::kBlockM>(b.smem + Tr::kOffQ + buf * Tr::kQBytes, q, f.q.row_stride,
-                                     q_start, b.f.seqlen_q, b.tid);
+    load_q_tile_async<Tr, Tr::kBlockM>(b.smem + Tr::kOffQ + buf * Tr::kQBytes, q, f.q.row_stride,
+                                       q_start, b.f.seqlen_q, b.tid);
     const int64_t row0 = (static_cast<int64_t>(b.batch) * f.heads + head) * seqlen_q_pad + q_start;
     constexpr int kChunks = Tr::kStatBytes / 16;
     if (b.tid < kChunks)
@@ -1342,10 +1407,21 @@ __device__ __forceinline__ void load_q_block(const fa_bwd_args& args, const BwdB
   if (with_do) {
     const T* d_o = static_cast<const T*>(args.d_o.ptr) + b.batch * args.d_o.batch_stride +
                    head * args.d_o.head_stride;
-    load_tile_async<Tr, Tr::kBlockM>(
+    load_q_tile_async<Tr, Tr::kBlockM>(
         b.smem + Tr::kOffDo + (Tr::kStagesDo == 2 ? buf : 0) * Tr::kQBytes, d_o,
         args.d_o.row_stride, q_start, b.f.seqlen_q, b.tid);
   }
+}
+
+/// The byte offsets of this q_block's Q and dO buffers in shared memory (multiples of 128):
+/// the operand sources fold them into their lane offsets (SmemA).
+template <class Tr>
+__device__ __forceinline__ uint32_t q_tile_off(const BwdBlock<Tr>& b) {
+  return static_cast<uint32_t>(b.q_tile - b.smem);
+}
+template <class Tr>
+__device__ __forceinline__ uint32_t do_tile_off(const BwdBlock<Tr>& b) {
+  return static_cast<uint32_t>(b.do_tile - b.smem);
 }
 
 /// Algorithm 2, line 11, transposed: \f$S^T = K_j Q_i^T\f$ for this warp's keys (A rows
@@ -1355,7 +1431,7 @@ __device__ __forceinline__ void compute_s_t(float (&s)[kMTiles][kNTiles][4], con
                                             int col0) {
   zero(s);
   warp_gemm<T, Tr::kHeadDim / 16, kAbtUnroll>(s, SmemA<Tr>(b.k_tile, b.key0, b.lane),
-                                              SmemBt<Tr>(b.q_tile, col0, b.lane));
+                                              SmemBt<Tr>(b.smem, q_tile_off(b), col0, b.lane));
 }
 
 /// Algorithm 2, line 12: \f$P^T = 2^{S^T c \log_2 e - L \log_2 e}\f$ (c the softmax scale,
@@ -1392,7 +1468,7 @@ __device__ __forceinline__ void compute_p_t(float (&s)[kMTiles][kNTiles][4], con
 template <class Tr, typename T, int kKSteps, class PtSource, int kMTiles, int kNTiles>
 __device__ __forceinline__ void accumulate_dv(float (&dv_acc)[kMTiles][kNTiles][4],
                                               const PtSource& pt, const BwdBlock<Tr>& b, int q0) {
-  warp_gemm<T, kKSteps>(dv_acc, pt, SmemB<Tr>(b.do_tile, q0, b.kv_col0, b.lane));
+  warp_gemm<T, kKSteps>(dv_acc, pt, SmemB<Tr>(b.smem, do_tile_off(b), q0, b.kv_col0, b.lane));
 }
 
 /// Algorithm 2, line 14, transposed: \f$dP^T = V_j dO_i^T\f$ (as compute_s_t, with V and dO).
@@ -1401,7 +1477,7 @@ __device__ __forceinline__ void compute_dp_t(float (&dp)[kMTiles][kNTiles][4],
                                              const BwdBlock<Tr>& b, int col0) {
   zero(dp);
   warp_gemm<T, Tr::kHeadDim / 16, kAbtUnroll>(dp, SmemA<Tr>(b.v_tile, b.key0, b.lane),
-                                              SmemBt<Tr>(b.do_tile, col0, b.lane));
+                                              SmemBt<Tr>(b.smem, do_tile_off(b), col0, b.lane));
 }
 
 /// Algorithm 2, line 15: \f$dS^T = P^T \circ (dP^T - D)\f$ in place of dP^T, with the fp32
@@ -1428,6 +1504,8 @@ template <class Tr, typename T, int kMTiles, int kNTiles>
 __device__ __forceinline__ void compute_ds_t_from_smem(float (&dp)[kMTiles][kNTiles][4],
                                                        const BwdBlock<Tr>& b, int col0) {
   using Ds = DsLayout<Tr::kBlockM>;
+  static_assert((kNTiles & (kNTiles - 1)) == 0, "col0 / 8 + nt has no carry");
+  const uint32_t base = tile_fragment_offset<Ds>(b.key0, col0, 0, b.lane);  // as stored
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -1437,8 +1515,44 @@ __device__ __forceinline__ void compute_ds_t_from_smem(float (&dp)[kMTiles][kNTi
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const uint32_t p2 = *reinterpret_cast<const uint32_t*>(
-            b.pt_tile + tile_fragment_offset<Ds>(b.key0 + 16 * mt, col0 + 8 * nt, e >> 1, b.lane));
+            b.pt_tile + fragment_offset<Ds>(base, 16 * mt + 8 * (e >> 1), nt));
         dp[mt][nt][e] = unpack_half<T>(p2, e & 1) * (dp[mt][nt][e] - ((e & 1) ? d.y : d.x));
+      }
+    }
+}
+
+/// Line 12's mask applied to the \f$P^T\f$ fragments this thread has stored to the \f$P^T\f$
+/// tile (store_tile_fragments of pack_fragments: element e of tile (mt, nt) is half e & 1 of
+/// the pair at row 16 mt + 8 (e >> 1)): the elements that compute_p_t<true> sets to 0 get a
+/// 16-bit +0, which is what pack2 makes of 0.f. Same thread, so program order; the pair is
+/// read and rewritten as the uint32_t it was stored as (no type-punned 16-bit store that
+/// alias analysis could move).
+template <class Tr, int kMTiles, int kNTiles>
+__device__ __forceinline__ void mask_stored_p_t(const BwdBlock<Tr>& b, int col0) {
+  using Ds = DsLayout<Tr::kBlockM>;
+  static_assert((kNTiles & (kNTiles - 1)) == 0, "col0 / 8 + nt has no carry");
+  const int group = b.lane / 4, quad = b.lane % 4;
+  const uint32_t base = tile_fragment_offset<Ds>(b.key0, col0, 0, b.lane);  // as stored
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int col = col0 + 8 * nt + 2 * quad;  // S^T columns are queries
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t keep = 0xffffffffu;  // the halves of the pair that stay
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {  // element e = 2 h + hi
+          const int key = b.kv_start + b.key0 + 16 * mt + group + 8 * h;
+          const int row = b.q_start + col + hi;
+          if (key >= b.f.seqlen_k || (b.f.causal && key > row + b.diag))
+            keep &= hi ? 0x0000ffffu : 0xffff0000u;
+        }
+        if (keep != 0xffffffffu) {
+          uint32_t* const pair = reinterpret_cast<uint32_t*>(
+              b.pt_tile + fragment_offset<Ds>(base, 16 * mt + 8 * h, nt));
+          *pair &= keep;
+        }
       }
     }
 }
@@ -1599,7 +1713,7 @@ template <class Tr, typename T, int kKSteps, class DstSource, int kMTiles, int k
 __device__ __forceinline__ void accumulate_dk(float (&dk_acc)[kMTiles][kNTiles][4],
                                               const DstSource& ds_t, const BwdBlock<Tr>& b,
                                               int q0) {
-  warp_gemm<T, kKSteps>(dk_acc, ds_t, SmemB<Tr>(b.q_tile, q0, b.kv_col0, b.lane));
+  warp_gemm<T, kKSteps>(dk_acc, ds_t, SmemB<Tr>(b.smem, q_tile_off(b), q0, b.kv_col0, b.lane));
 }
 
 /// One q_block with P through shared memory (large shapes, FlashAttention-2's layout). Warp
@@ -1624,17 +1738,31 @@ __device__ __forceinline__ void q_block_p_in_smem(const BwdBlock<Tr>& b,
   const bool tile_empty =
       b.kv_start + b.key0 >= b.f.seqlen_k ||
       (b.f.causal && b.kv_start + b.key0 > b.q_start + b.query0 + Tr::kWarpCols - 1 + b.diag);
+  // Where the mask of line 12 goes: before line 14 (d = 128) or after it, on the stored P^T
+  // (d = 64: measured 3.5-4.4% faster there, 0.5-2% slower at d = 128; NOTES.md, change 10).
+  constexpr bool kMaskAfterDp = Tr::kHeadDim == 64;
   if (!tile_empty) {
     float s[2][Tr::kNTilesS][4], dp[2][Tr::kNTilesS][4];
     uint32_t frag[2][Tr::kNTilesS][2];
     compute_s_t<Tr, T>(s, b, b.query0);  // line 11
-    if (needs_mask)                      // line 12
-      compute_p_t<true>(s, b, b.query0);
-    else
+    if constexpr (kMaskAfterDp) {
+      // d = 64: line 12 without the mask, then line 14, in one basic block, so that ptxas
+      // spreads the exponentials over the dP^T mmas; the mask then zeroes the masked
+      // elements of the stored P^T before anything reads it (NOTES.md, change 10).
       compute_p_t<false>(s, b, b.query0);
-    pack_fragments<T>(frag, s);
-    store_tile_fragments<Ds>(b.pt_tile, frag, b.key0, b.query0, b.lane);
-    compute_dp_t<Tr, T>(dp, b, b.query0);            // line 14
+      pack_fragments<T>(frag, s);
+      store_tile_fragments<Ds>(b.pt_tile, frag, b.key0, b.query0, b.lane);
+      compute_dp_t<Tr, T>(dp, b, b.query0);  // line 14
+      if (needs_mask) mask_stored_p_t<Tr, Tr::kSMTiles, Tr::kNTilesS>(b, b.query0);
+    } else {
+      if (needs_mask)  // line 12
+        compute_p_t<true>(s, b, b.query0);
+      else
+        compute_p_t<false>(s, b, b.query0);
+      pack_fragments<T>(frag, s);
+      store_tile_fragments<Ds>(b.pt_tile, frag, b.key0, b.query0, b.lane);
+      compute_dp_t<Tr, T>(dp, b, b.query0);  // line 14
+    }
     compute_ds_t_from_smem<Tr, T>(dp, b, b.query0);  // line 15
     pack_fragments<T>(frag, dp);
     store_tile_fragments<Ds>(b.ds_tile, frag, b.key0, b.query0, b.lane);
@@ -1686,8 +1814,9 @@ __device__ __forceinline__ void q_block_p_in_registers(
         zero(s);  // lines 11 and 14 in one k loop
         zero(dp);
         warp_gemm_pair<T, Tr::kHeadDim / 16, kAbtUnroll>(
-            s, SmemA<Tr>(b.k_tile, b.key0, b.lane), SmemBt<Tr>(b.q_tile, col0, b.lane), dp,
-            SmemA<Tr>(b.v_tile, b.key0, b.lane), SmemBt<Tr>(b.do_tile, col0, b.lane));
+            s, SmemA<Tr>(b.k_tile, b.key0, b.lane), SmemBt<Tr>(b.smem, q_tile_off(b), col0, b.lane),
+            dp, SmemA<Tr>(b.v_tile, b.key0, b.lane),
+            SmemBt<Tr>(b.smem, do_tile_off(b), col0, b.lane));
         if (needs_mask)  // line 12
           compute_p_t<true>(s, b, col0);
         else

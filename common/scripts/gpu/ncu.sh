@@ -2,8 +2,9 @@
 # Nsight Compute, full set, of one step's kernel beside PyTorch FLASH's on the same tensors:
 # one compare.py run per shape, the first two launches of each kernel (the checked call and
 # the timed one). Writes ncu_<dir>_d<d>_N<N>[_c].txt (every section, both kernels) and the
-# per-instruction source page (_sass.csv.gz) under $OUT; the report files are removed (the
-# device tool brings back few files).
+# per-instruction source page (_sass.csv.gz) under $OUT, packed at the end into one
+# ncu_<dir>.tgz (the device tool brings back only a few files a call); the report files are
+# removed.
 #   FA_NCU_DIRECTION=bwd     bwd: 07's main backward kernel beside
 #                            flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel (07_backward/NOTES.md,
 #                            change 9); fwd: a forward step's kernel beside flash_fwd_kernel
@@ -35,3 +36,4 @@ for spec in ${FA_NCU_SHAPES:-64:4096 128:4096}; do
   rm -f "$out/$name.ncu-rep" "$out/$name.json"
   grep -E "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Issue Slots Busy|Shared Memory|Warp Cycles Per Issued|No Eligible" "$out/$name.txt" | head -40 | tee -a "$log"
 done
+cd "$out" && tar czf "ncu_${dir}.tgz" ncu_"${dir}"_* && rm -f ncu_"${dir}"_* && say "packed into $out/ncu_${dir}.tgz"

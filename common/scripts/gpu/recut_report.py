@@ -7,7 +7,7 @@
                                                    ALTS = "02_tiled_fa1=02_tiled_fa1_bn128,...;03_loop_swap=..."
     recut_report.py ratios BENCH.json BASE=V1,V2;BASE2=...   variant / default, shape by shape
     recut_report.py riders BENCH.json OUT.md       the 05 riders as a Markdown block for its README
-    recut_report.py agree COMPARE.json BENCH.json  bench vs compare.py per step and shape (issue:
+    recut_report.py agree COMPARE.json BENCH.json  bench vs compare.py per step, direction and shape (issue:
                                                    within 5%; BENCH.json "-": none), and
                                                    06 / PyTorch FLASH
     recut_report.py regs BUILD.log                 registers and spills per kernel, from ptxas -v
@@ -151,36 +151,39 @@ def cmd_riders(path, out_md):
 def cmd_agree(cmp_path, bench_path):
     rows = json.load(open(cmp_path))["results"]
     bench = {} if bench_path == "-" else {
-        (r["step"], r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r
-        for r in json.load(open(bench_path))["results"] if r["direction"] == "fwd"}
-    flash = {(r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r["tflops"] for r in rows
-             if r["impl"] == "sdpa_flash" and r["direction"] == "fwd" and not r.get("error")}
-    print("bench vs compare.py, same step and shape (issue: within 5%); step / FLASH (06: issue "
-          ">= 1.05, causal >= 1.1)")
-    print("step                 d   causal N      bench ms  compare ms  ratio   vs FLASH")
-    worst = 0.0
+        (r["step"], r["direction"], r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r
+        for r in json.load(open(bench_path))["results"]}
+    flash = {(r["direction"], r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r["tflops"]
+             for r in rows if r["impl"] == "sdpa_flash" and not r.get("error")}
+    print("bench vs compare.py, same step, direction and shape (issue: within 5%); step / FLASH "
+          "(06 forward: issue >= 1.05, causal >= 1.1; 07 backward: >= 1.05)")
+    print("step                 dir d   causal N      bench ms  compare ms  ratio   vs FLASH")
+    worst = {}  # (step, direction) -> largest |bench / compare.py - 1|
     for r in rows:
-        if r.get("kind") != "step" or r["direction"] != "fwd" or not r.get("median_ms"):
+        if r.get("kind") != "step" or not r.get("median_ms"):
             continue
-        key = (r["impl"], r["head_dim"], bool(r["causal"]), r["seqlen_q"])
+        key = (r["impl"], r["direction"], r["head_dim"], bool(r["causal"]), r["seqlen_q"])
         b = bench.get(key)
         if bench and not any(k[0] == key[0] for k in bench):
             continue
         f = flash.get(key[1:])
         vs = "%.2fx" % (r["tflops"] / f) if f else "-"
+        head = "%-20s %-3s %-3d %-6d %-6d" % (key[0], key[1], key[2], key[3], key[4])
         if not b or not b.get("median_ms"):
-            print("%-20s %-3d %-6d %-6d %-9s %-11.3f %-7s %s" % (key[0], key[1], key[2], key[3],
-                                                                "-", r["median_ms"], "-", vs))
+            print("%s %-9s %-11.3f %-7s %s" % (head, "-", r["median_ms"], "-", vs))
             continue
         ratio = b["median_ms"] / r["median_ms"]
-        worst = max(worst, abs(ratio - 1))
-        print("%-20s %-3d %-6d %-6d %-9.3f %-11.3f %-7.3f %s%s" % (
-            key[0], key[1], key[2], key[3], b["median_ms"], r["median_ms"], ratio, vs,
-            " !" if abs(ratio - 1) > 0.05 else ""))
-    print("largest bench/compare.py disagreement: %.1f%%" % (100 * worst))
+        worst[key[:2]] = max(worst.get(key[:2], 0.0), abs(ratio - 1))
+        print("%s %-9.3f %-11.3f %-7.3f %s%s" % (head, b["median_ms"], r["median_ms"], ratio, vs,
+                                                 " !" if abs(ratio - 1) > 0.05 else ""))
+    for (step, direction), w in sorted(worst.items()):
+        print("largest disagreement %-20s %s: %.1f%%%s" % (step, direction, 100 * w,
+                                                           " (over 5%)" if w > 0.05 else ""))
+    if worst:
+        print("largest bench/compare.py disagreement: %.1f%%" % (100 * max(worst.values())))
     ratios = {}  # causal -> [(06 / FLASH, shape)]
     for r in rows:
-        f = flash.get((r["head_dim"], bool(r["causal"]), r["seqlen_q"]))
+        f = flash.get((r["direction"], r["head_dim"], bool(r["causal"]), r["seqlen_q"]))
         if r["impl"] == "06_causal_skip" and r["direction"] == "fwd" and f and r["seqlen_q"] >= 1024:
             ratios.setdefault(bool(r["causal"]), []).append(
                 (r["tflops"] / f, "d=%d N=%d" % (r["head_dim"], r["seqlen_q"])))

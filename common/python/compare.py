@@ -176,6 +176,10 @@ def parse_args(argv=None):
                    help="the first measurement of each shape warms up this long (2000; as the "
                         "bench's --heat-ms)")
     p.add_argument("--repeats", type=int, default=20, help="timed runs, median reported (20)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="time every cell of a shape this many times, in the order of the "
+                        "table, then reversed, and so on; a cell's figure is the median of all "
+                        "its runs (2; as the bench's --rounds)")
     p.add_argument("--quick", action="store_true",
                    help="seqlens 1024,4096, warm-up 2, repeats 5 (other flags still apply)")
     p.add_argument("--no-check", action="store_true", help="skip the agreement checks")
@@ -234,8 +238,8 @@ def parse_args(argv=None):
         p.error("--seqlens and --head-dims must be positive")
     if any(n < 1 for n in a.seqlens_q + a.seqlens_k + a.batches + a.heads_kv) or a.heads < 1:
         p.error("--seqlens-q, --seqlens-k, --batches, --heads and --heads-kv must be positive")
-    if a.repeats < 1 or a.warmup < 0 or not a.warmup_ms >= 0 or not a.heat_ms >= 0:
-        p.error("--repeats must be >= 1, --warmup, --warmup-ms and --heat-ms >= 0")
+    if a.repeats < 1 or a.rounds < 1 or a.warmup < 0 or not a.warmup_ms >= 0 or not a.heat_ms >= 0:
+        p.error("--repeats and --rounds must be >= 1, --warmup, --warmup-ms and --heat-ms >= 0")
     names = dict((n.split("_", 1)[1], n) for n, _ in BACKENDS)
     a.backends = [b for b in a.backends.split(",") if b]
     for b in a.backends:
@@ -348,10 +352,25 @@ def time_calls(torch, fn, warmup, repeats, device="cuda", warmup_ms=0.0):
             fn()
             ms.append(1e3 * (time.perf_counter() - t0))
         ms.sort()
+    return timing_of(ms)
+
+
+def timing_of(ms):
+    """Median, min, max and spread of timed runs (ms), and the sorted runs as "samples"."""
+    ms = sorted(ms)
     n = len(ms)
     median = ms[n // 2] if n % 2 else 0.5 * (ms[n // 2 - 1] + ms[n // 2])
-    return {"median_ms": median, "min_ms": ms[0], "max_ms": ms[-1], "repeats": repeats,
-            "spread_pct": 100.0 * (ms[-1] - ms[0]) / median if median > 0 else 0.0}
+    return {"median_ms": median, "min_ms": ms[0], "max_ms": ms[-1], "repeats": n,
+            "spread_pct": 100.0 * (ms[-1] - ms[0]) / median if median > 0 else 0.0,
+            "samples": ms}
+
+
+def pool_rounds(timings):
+    """One timing from the runs of several rounds of the same cell (--rounds), as the bench's
+    fa::pool_rounds: the median over every run, each round's own median in "round_ms"."""
+    pooled = timing_of([t for timing in timings for t in timing["samples"]])
+    pooled["round_ms"] = [timing["median_ms"] for timing in timings]
+    return pooled
 
 
 def error_stats(torch, out, ref):
@@ -534,19 +553,28 @@ def measure_shape(torch, fs, args, shape, steps, progress):
         return r
 
     heated = []  # the first measurement of the shape warms up for --heat-ms
+    cells = []  # (row, function, [timing of each round]): the later rounds time them again
 
     def timed(fn):
         warmup_ms = args.warmup_ms if heated else max(args.warmup_ms, args.heat_ms)
         heated.append(True)
-        return time_calls(torch, fn, args.warmup, args.repeats, dev, warmup_ms)
+        timing = time_calls(torch, fn, args.warmup, args.repeats, dev, warmup_ms)
+        if args.rounds > 1:
+            cells.append((None, fn, [timing]))  # finish() names the row
+        return timing
 
-    def finish(r, timing, checks, vs_flash):
-        r.update(timing)
+    def rates(r, timing):
+        r.update((key, val) for key, val in timing.items() if key != "samples")
         r["tflops"] = r["flops"] / (timing["median_ms"] * 1e-3) / 1e12
         if "kv_bytes" in r:
             r["gbps"] = r["kv_bytes"] / (timing["median_ms"] * 1e-3) / 1e9
             if args.copy_gbps:
                 r["pct_copy"] = 100.0 * r["gbps"] / args.copy_gbps
+
+    def finish(r, timing, checks, vs_flash):
+        if cells and cells[-1][0] is None:
+            cells[-1] = (r,) + cells[-1][1:]
+        rates(r, timing)
         if checks:
             r["checked"] = True
             r["errors"] = checks
@@ -677,8 +705,30 @@ def measure_shape(torch, fs, args, shape, steps, progress):
             except Exception as e:
                 r["error"] = describe_error(e)
             report(r)
-        del o, lse
-        empty_cache(torch, dev)
+        if not cells:  # the later rounds need the outputs; without them they go now
+            del o, lse
+            empty_cache(torch, dev)
+
+    # --- the later rounds (--rounds): every timed cell again, reversed every other round ------
+    # Under the power cap the clocks drift a little through a shape; a cell timed right after
+    # its neighbour in one round is timed before it in the next (README, "Burst or sustained").
+    for rnd in range(1, args.rounds):
+        for r, fn, timings in (reversed(cells) if rnd % 2 else cells):
+            if r["error"]:
+                continue
+            try:
+                timings.append(time_calls(torch, fn, args.warmup, args.repeats, dev,
+                                          args.warmup_ms))
+            except Exception as e:  # e.g. out of memory with every output of the shape alive
+                r["error"] = describe_error(e)
+                continue
+            progress.show("%-15s %s d=%d %s N=%d  round %d  %8.3f ms" % (
+                r["impl"], r["direction"], d, "causal" if causal else "full", N, rnd + 1,
+                timings[-1]["median_ms"]))
+    for r, fn, timings in cells:
+        if not r["error"]:
+            rates(r, pool_rounds(timings))
+    del cells
     del flash, ref, q, k, v, d_o, sets, copies
     empty_cache(torch, dev)
     return rows
@@ -862,14 +912,14 @@ def main(argv=None):
         per_shape += ("fwd" in args.directions) + ("bwd" in args.directions
                                                    and fs.has_backward(st))
     log = []
-    progress = Progress(per_shape * len(shapes), log)
+    progress = Progress(per_shape * len(shapes) * args.rounds, log)
     doc = {"gpu": gpu, "run": run_info(),
            "settings": {"dtype": args.dtype, "tokens": args.tokens, "hidden": args.hidden,
                         "seqlens": args.seqlens, "head_dims": args.head_dims,
                         "causal": [bool(c) for c in args.causal],
                         "directions": args.directions, "warmup": args.warmup,
                         "warmup_ms": args.warmup_ms, "heat_ms": args.heat_ms,
-                        "repeats": args.repeats, "seed": args.seed,
+                        "repeats": args.repeats, "rounds": args.rounds, "seed": args.seed,
                         "checked": not args.no_check, "deterministic": args.deterministic,
                         "steps": steps, "backends": args.backends,
                         "inputs": "q, k, v, dO ~ %s in BSHD; SDPA gets [B, H, N, d] views"
@@ -877,7 +927,8 @@ def main(argv=None):
                         "reference": "fp32 torch on upcast inputs, slices (b, h) = (0, 0) and "
                                      "(B-1, H-1); bounds of fa::tolerance()",
                         "timing": "CUDA events around each call, calls queued back to back, "
-                                  "median of the repeats after the warm-up"},
+                                  "median of the repeats after the warm-up, pooled over the "
+                                  "rounds (every other round in reverse order)"},
            "complete": False, "results": []}
     if args.decode:
         if args.device == "cuda" and args.rotate:

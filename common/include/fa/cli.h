@@ -47,12 +47,16 @@ struct BenchOptions {
   std::vector<int> causal = {0, 1};                                 ///< mask off, on
   std::vector<std::string> directions = {"fwd", "bwd"};             ///< passes to time
   fa_dtype dtype = FA_FP16;                                         ///< input dtype
-  int tokens = 16384;          ///< batch = tokens / seqlen (at least 1)
-  int hidden = 2048;           ///< heads = hidden / head_dim
-  int warmup = 3;              ///< untimed runs per cell
-  int warmup_ms = 250;         ///< and untimed runs until this much time has passed
-  int repeats = 10;            ///< timed runs per cell, median reported
-  int heat_ms = 2000;          ///< before a shape's cells are timed, its first runs this long
+  int tokens = 16384;   ///< batch = tokens / seqlen (at least 1)
+  int hidden = 2048;    ///< heads = hidden / head_dim
+  int warmup = 3;       ///< untimed runs per cell
+  int warmup_ms = 250;  ///< and untimed runs until this much time has passed
+  int repeats = 10;     ///< timed runs per cell, median reported
+  int heat_ms = 2000;   ///< before a shape's cells are timed, its first runs this long
+  /// Rounds of timing per shape: every cell of a shape is timed once per round, the rounds in
+  /// alternating order (the steps' order, then reversed, ...); a cell's figure is the median
+  /// of its runs of every round.
+  int rounds = 2;
   bool check = true;           ///< check every cell against the oracle (after a shape's timing)
   int check_rows = 64;         ///< rows sampled per check
   uint64_t seed = 0;           ///< 0: fresh from the clock (printed)

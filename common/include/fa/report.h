@@ -33,11 +33,21 @@ struct Ceilings {
 
 /// Milliseconds per run over the timed repeats.
 struct Timing {
-  double median_ms = 0;  ///< median over the repeats
-  double min_ms = 0;     ///< fastest run
-  double max_ms = 0;     ///< slowest run
-  int repeats = 0;       ///< timed runs
+  double median_ms = 0;                 ///< median over the repeats (of every round)
+  double min_ms = 0;                    ///< fastest run
+  double max_ms = 0;                    ///< slowest run
+  int repeats = 0;                      ///< timed runs (of every round)
+  std::vector<double> samples_ms;       ///< every timed run, sorted
+  std::vector<double> round_median_ms;  ///< with several rounds (pool_rounds()): each one's median
 };
+
+/// The Timing of a cell's timed runs: sorted samples, median, min and max.
+Timing timing_of(std::vector<double> samples_ms);
+
+/// One Timing from the timed runs of several rounds of the same cell (the bench's --rounds):
+/// the samples pooled, median, min and max over all of them, and each round's own median in
+/// round_median_ms, in round order. An empty list gives an empty Timing.
+Timing pool_rounds(const std::vector<Timing>& rounds);
 
 /// One measured (or failed) run of one step on one problem.
 struct ResultRow {

@@ -101,6 +101,10 @@ def test_compare_runs_on_cpu(tmp_path, monkeypatch, wrong):
         assert b == 256 // n and r["heads"] == 2
         assert math.isclose(r["flops"], compare.flops(r["direction"], b, 2, n, n, 64,
                                                       r["causal"]))
+    for r in rows:  # the default two rounds: every timed cell has both rounds' medians
+        if not r["error"]:
+            assert r["repeats"] == 2 * 3 and len(r["round_ms"]) == 2, r
+            assert r["min_ms"] <= r["median_ms"] <= r["max_ms"] and "samples" not in r
     flash = [r for r in rows if r["impl"] == "sdpa_flash" and not r["error"]]
     if flash:  # the CPU build of SDPA has a FLASH kernel: steps are compared with it
         assert any("max_abs_vs_flash" in r for r in rows if r["kind"] == "step")
@@ -110,6 +114,38 @@ def test_compare_runs_on_cpu(tmp_path, monkeypatch, wrong):
     readme.write_text("<!-- results:begin -->\n<!-- results:end -->\n")
     assert results.main([str(out), "--readme", str(readme), "--page", str(tmp_path / "r.md"),
                          "--no-plot"]) == 0
+
+
+def test_compare_rounds_alternate_the_order(tmp_path, monkeypatch):
+    """--rounds 3: every cell is timed three times, the second round in reverse order, and its
+    figure is the median of all its runs."""
+    fake = FakeSteps()
+    for name in ("steps", "has_backward", "library_path", "prepare_backward"):
+        monkeypatch.setattr(flash_steps, name, getattr(fake, name))
+    calls = []
+
+    def prepare_forward(step, q, k, v, o, lse, causal, scale):
+        inner = fake.prepare_forward(step, q, k, v, o, lse, causal, scale)
+        return lambda: (calls.append(step), inner())
+
+    monkeypatch.setattr(flash_steps, "prepare_forward", prepare_forward)
+    out = tmp_path / "rounds.json"
+    rc = compare.main(["--device", "cpu", "--seqlens", "64", "--head-dims", "64", "--causal",
+                       "0", "--directions", "fwd", "--tokens", "64", "--hidden", "128",
+                       "--warmup", "0", "--repeats", "2", "--rounds", "3", "--backends", "flash",
+                       "--no-check", "--out", str(out), "--seed", "5"])
+    assert rc == 0
+    # Per step: one call to prepare the outputs, then 2 timed runs in each of the 3 rounds;
+    # round 2 times 07_backward before 01_naive, rounds 1 and 3 the other way round.
+    runs = [c for c in calls]
+    assert runs == ["01_naive"] * 3 + ["07_backward"] * 3 + ["07_backward"] * 2 + \
+        ["01_naive"] * 2 + ["01_naive"] * 2 + ["07_backward"] * 2, runs
+    rows = json.loads(out.read_text())["results"]
+    for r in rows:
+        if r["kind"] == "step":
+            assert r["repeats"] == 6 and len(r["round_ms"]) == 3, r
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--rounds", "0"])
 
 
 def test_compare_decode_sweep_on_cpu(tmp_path, monkeypatch):

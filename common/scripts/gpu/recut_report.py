@@ -8,8 +8,9 @@
     recut_report.py ratios BENCH.json BASE=V1,V2;BASE2=...   variant / default, shape by shape
     recut_report.py riders BENCH.json OUT.md       the 05 riders as a Markdown block for its README
     recut_report.py agree COMPARE.json BENCH.json  bench vs compare.py per step, direction and shape (issue:
-                                                   within 5%; BENCH.json "-": none), and
-                                                   06 / PyTorch FLASH
+                                                   within 5%; BENCH.json "-": none), 06 / PyTorch
+                                                   FLASH, and the control: 07's forward over 06's
+                                                   (the same machine code) in each tool
     recut_report.py regs BUILD.log                 registers and spills per kernel, from ptxas -v
 
 Python 3 standard library only. Prints plain text; exit status 0 unless an input is unreadable.
@@ -187,6 +188,21 @@ def cmd_agree(cmp_path, bench_path):
         if r["impl"] == "06_causal_skip" and r["direction"] == "fwd" and f and r["seqlen_q"] >= 1024:
             ratios.setdefault(bool(r["causal"]), []).append(
                 (r["tflops"] / f, "d=%d N=%d" % (r["head_dim"], r["seqlen_q"])))
+    # The control: 07's forward kernel is 06's, instruction for instruction (cuobjdump, sm_90,
+    # 07_backward/NOTES.md); within one tool the two forward rows differ only by the timing.
+    tools = [("compare.py", {(r["impl"], r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r
+                             for r in rows if r["direction"] == "fwd"})]
+    if bench:
+        tools.append(("bench", {(k[0],) + k[2:]: r for k, r in bench.items() if k[1] == "fwd"}))
+    for tool, cells in tools:
+        control = [(cells[k]["median_ms"] / cells[("06_causal_skip",) + k[1:]]["median_ms"], k)
+                   for k in cells if k[0] == "07_backward" and cells[k].get("median_ms")
+                   and cells.get(("06_causal_skip",) + k[1:], {}).get("median_ms")]
+        if control:
+            lo, hi = min(control), max(control)
+            print("control, %s: 07 / 06 forward (the same machine code), ms ratio %.3f (d=%d "
+                  "causal=%d N=%d) to %.3f (d=%d causal=%d N=%d) over %d shapes"
+                  % ((tool, lo[0]) + lo[1][1:] + (hi[0],) + hi[1][1:] + (len(control),)))
     print("06 / FLASH, N >= 1024: " + "; ".join(
         "%s min %.3f at %s (issue: >= %.2f)" % ("causal" if c else "non-causal", min(v)[0],
                                               min(v)[1], 1.1 if c else 1.05)

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace fa {
@@ -664,14 +665,7 @@ Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool
     ms.push_back(t);
   }
   for (cudaEvent_t& e : events) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  Timing timing;
-  timing.repeats = repeats;
-  timing.min_ms = ms.front();
-  timing.max_ms = ms.back();
-  timing.median_ms =
-      ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
-  return timing;
+  return timing_of(std::move(ms));
 }
 
 void heat(const std::string& step, DeviceProblem& dp, bool backward, bool deterministic, int ms) {

@@ -350,6 +350,8 @@ bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* o, std
          *e = "--heat-ms must be >= 0";
          return false;
        }},
+      {"--rounds", true,
+       [&](auto& v, auto* e) { return parse_positive("--rounds", v, &o->rounds, e); }},
   };
   add_run_flags(&flags, o);
   if (!parse_flags(args, flags, error)) return false;
@@ -408,7 +410,11 @@ std::string bench_usage(const std::string& program) {
          "  --max-kv-mib N     decode: skip shapes whose K and V take more (1024)\n"
          "  --heat-ms N        before a shape's cells are timed, run its first untimed for N ms,\n"
          "                     so that the GPU, idle during the last shape's checks, is at the\n"
-         "                     clocks of a sustained load for every cell (2000; 0: off)\n" +
+         "                     clocks of a sustained load for every cell (2000; 0: off)\n"
+         "  --rounds N         time every cell of a shape N times, the steps in their order,\n"
+         "                     then reversed, and so on; a cell's figure is the median of all\n"
+         "                     its runs, so that a drift of the clocks through a shape touches\n"
+         "                     neighbouring steps alike (2)\n" +
          run_flags_usage(BenchOptions());
 }
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <map>
 #include <sstream>
 #include <tuple>
+#include <utility>
 
 #include "fa/flops.h"
 
@@ -67,6 +69,15 @@ std::string json_num(double x) {
   return fmt("%.6g", x);
 }
 
+/// `, "round_ms": [a, b, ...]` for a cell timed in several rounds, else nothing.
+std::string round_medians_json(const Timing& t) {
+  if (t.round_median_ms.size() < 2) return "";
+  std::string out = ", \"round_ms\": [";
+  for (size_t i = 0; i < t.round_median_ms.size(); ++i)
+    out += (i ? ", " : "") + json_num(t.round_median_ms[i]);
+  return out + "]";
+}
+
 using ProblemKey = std::tuple<std::string, int, int, int, int, int, int, int, float, bool>;
 
 ProblemKey key_of(const ResultRow& r) {
@@ -76,6 +87,28 @@ ProblemKey key_of(const ResultRow& r) {
 }
 
 }  // namespace
+
+Timing timing_of(std::vector<double> samples_ms) {
+  Timing t;
+  if (samples_ms.empty()) return t;
+  std::sort(samples_ms.begin(), samples_ms.end());
+  const size_t n = samples_ms.size();
+  t.repeats = static_cast<int>(n);
+  t.min_ms = samples_ms.front();
+  t.max_ms = samples_ms.back();
+  t.median_ms = n % 2 ? samples_ms[n / 2] : 0.5 * (samples_ms[n / 2 - 1] + samples_ms[n / 2]);
+  t.samples_ms = std::move(samples_ms);
+  return t;
+}
+
+Timing pool_rounds(const std::vector<Timing>& rounds) {
+  std::vector<double> all;
+  for (const Timing& t : rounds) all.insert(all.end(), t.samples_ms.begin(), t.samples_ms.end());
+  Timing pooled = timing_of(std::move(all));
+  if (pooled.repeats == 0) return pooled;
+  for (const Timing& t : rounds) pooled.round_median_ms.push_back(t.median_ms);
+  return pooled;
+}
 
 void compute_rates(std::vector<ResultRow>* rows, const Ceilings& ceilings) {
   for (ResultRow& r : *rows) {
@@ -219,8 +252,8 @@ void write_json(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings, 
        << ", \"median_ms\": " << json_num(r.timing.median_ms)
        << ", \"min_ms\": " << json_num(r.timing.min_ms)
        << ", \"max_ms\": " << json_num(r.timing.max_ms) << ", \"repeats\": " << r.timing.repeats
-       << ", \"tflops\": " << json_num(r.tflops) << ", \"pct_mma\": " << json_num(r.pct_mma)
-       << ", \"pct_cublas\": " << json_num(r.pct_cublas)
+       << round_medians_json(r.timing) << ", \"tflops\": " << json_num(r.tflops)
+       << ", \"pct_mma\": " << json_num(r.pct_mma) << ", \"pct_cublas\": " << json_num(r.pct_cublas)
        << ", \"pct_wgmma\": " << json_num(r.pct_wgmma)
        << ", \"speedup_prev\": " << json_num(r.speedup_prev)
        << ", \"speedup_first\": " << json_num(r.speedup_first) << ", \"gbps\": " << json_num(r.gbps)

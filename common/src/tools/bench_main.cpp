@@ -2,8 +2,9 @@
 /// \brief The per-step benchmark: every registered step over the paper's sweep (16K tokens,
 /// hidden 2048, seqlen 512..16K, head dims 64 and 128, causal off and on), or with --decode
 /// over decode shapes (few query rows, long keys, GB/s of K and V beside TFLOP/s): the steps
-/// of a shape timed one after another, then each result checked against the oracle, with
-/// each step's speed-up over the step before it and over the first.
+/// of a shape timed one after another (in --rounds rounds, every other one reversed), then
+/// each result checked against the oracle, with each step's speed-up over the step before it
+/// and over the first.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -90,7 +91,7 @@ int main(int argc, char** argv) {
                  static_cast<unsigned long long>(opt.seed));
     std::vector<fa::ResultRow> rows;
     int done = 0, failed = 0, shown = 0;
-    const int lines = total * (opt.check ? 2 : 1);
+    const int lines = total * (opt.rounds + (opt.check ? 1 : 0));
     const auto t0 = std::chrono::steady_clock::now();
     const auto progress = [&](const fa::ResultRow& r, const fa::ProblemShape& s, const char* what) {
       ++shown;
@@ -133,6 +134,29 @@ int main(int argc, char** argv) {
           rows.push_back(fa::measure(st, dir, dp, timing));
           progress(rows.back(), shapes[i], "timed");
         }
+      // Further rounds (--rounds): the same cells again, reversed every other round. Under the
+      // power cap the clocks drift a little through a shape; a step timed right after its
+      // neighbour in one round is timed before it in the next (README, "Burst or sustained").
+      const size_t cells = rows.size() - first;
+      std::vector<std::vector<fa::Timing>> by_round(cells);
+      for (size_t c = 0; c < cells; ++c) by_round[c].push_back(rows[first + c].timing);
+      for (int round = 1; round < opt.rounds; ++round)
+        for (size_t k = 0; k < cells; ++k) {
+          const size_t c = round % 2 ? cells - 1 - k : k;
+          fa::ResultRow& r = rows[first + c];
+          try {
+            if (r.error.empty())
+              by_round[c].push_back(fa::time_step(r.step, dp, r.direction == "bwd",
+                                                  opt.deterministic, opt.warmup, opt.repeats,
+                                                  opt.warmup_ms));
+          } catch (const std::exception& e) {
+            r.error = e.what();
+          }
+          progress(r, shapes[i], ("round " + std::to_string(round + 1)).c_str());
+        }
+      if (opt.rounds > 1)
+        for (size_t c = 0; c < cells; ++c)
+          if (rows[first + c].error.empty()) rows[first + c].timing = fa::pool_rounds(by_round[c]);
       if (opt.check) {
         fa::MeasureOptions check = fa::measure_options(opt, spec.seed);
         check.time = false;

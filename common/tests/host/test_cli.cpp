@@ -142,6 +142,21 @@ TEST(BenchFlags, HeatMs) {
   EXPECT_NE(error.find("--heat-ms"), std::string::npos);
 }
 
+TEST(BenchFlags, Rounds) {
+  BenchOptions o;
+  std::string error;
+  ASSERT_TRUE(parse_bench_args({}, &o, &error)) << error;
+  EXPECT_EQ(o.rounds, 2);
+  ASSERT_TRUE(parse_bench_args({"--rounds", "1"}, &o, &error)) << error;
+  EXPECT_EQ(o.rounds, 1);
+  ASSERT_TRUE(parse_bench_args({"--rounds=3"}, &o, &error)) << error;
+  EXPECT_EQ(o.rounds, 3);
+  EXPECT_FALSE(parse_bench_args({"--rounds", "0"}, &o, &error));
+  EXPECT_NE(error.find("--rounds"), std::string::npos);
+  EXPECT_FALSE(parse_bench_args({"--rounds", "two"}, &o, &error));
+  EXPECT_NE(error.find("--rounds"), std::string::npos);
+}
+
 TEST(BenchFlags, ListsAndChoices) {
   BenchOptions o;
   std::string error;

@@ -134,6 +134,37 @@ TEST(Report, JsonIsWellFormedAndComplete) {
   EXPECT_EQ(depth, 0);
 }
 
+TEST(Report, TimingOfSortsAndTakesTheMedian) {
+  const Timing t = timing_of({3.0, 1.0, 2.0, 10.0});
+  EXPECT_EQ(t.samples_ms, (std::vector<double>{1.0, 2.0, 3.0, 10.0}));
+  EXPECT_EQ(t.repeats, 4);
+  EXPECT_DOUBLE_EQ(t.median_ms, 2.5);
+  EXPECT_DOUBLE_EQ(t.min_ms, 1.0);
+  EXPECT_DOUBLE_EQ(t.max_ms, 10.0);
+  EXPECT_TRUE(t.round_median_ms.empty());
+  EXPECT_EQ(timing_of({}).repeats, 0);
+}
+
+TEST(Report, PoolRoundsTakesTheMedianOfEveryRun) {
+  // Round 1 ran cooler (faster) than round 2: the pooled median lies between the two.
+  const Timing pooled = pool_rounds({timing_of({1.0, 1.1, 1.2}), timing_of({1.3, 1.4, 1.5})});
+  EXPECT_EQ(pooled.repeats, 6);
+  EXPECT_DOUBLE_EQ(pooled.median_ms, 0.5 * (1.2 + 1.3));
+  EXPECT_DOUBLE_EQ(pooled.min_ms, 1.0);
+  EXPECT_DOUBLE_EQ(pooled.max_ms, 1.5);
+  EXPECT_EQ(pooled.round_median_ms, (std::vector<double>{1.1, 1.4}));
+  EXPECT_EQ(pool_rounds({}).repeats, 0);
+
+  std::vector<ResultRow> rows = {row("a", 1.0), row("b", 1.0)};
+  rows[1].timing = pooled;
+  std::ostringstream os;
+  write_json(os, GpuInfo{"G", 1, 8, 0, "d", "r"}, Ceilings{1, 2}, RunInfo{}, rows);
+  const std::string j = os.str();
+  EXPECT_EQ(j.find("\"round_ms\""), j.rfind("\"round_ms\""));  // only the pooled row has it
+  EXPECT_NE(j.find("\"round_ms\": [1.1, 1.4]"), std::string::npos);
+  EXPECT_NE(j.find("\"repeats\": 6"), std::string::npos);
+}
+
 TEST(Report, FileByExtension) {
   const std::vector<ResultRow> rows = {row("01_naive", 4.0)};
   std::string error;

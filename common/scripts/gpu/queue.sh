@@ -18,10 +18,10 @@
 #              jobs), new clock seeds each time, until FA_QUEUE_RUNS runs in all        ~40 each
 #   robust     robust.sh without its suite and sanitizer sections: issue 17's seed, bad FA_*
 #              values, the large label, the runner's bad inputs                          ~170
-#   compare    compare.py, every step beside PyTorch FLASH and cuDNN, forward and backward:
-#              the JSON the results pages are written from                               ~200
+#   compare    compare.py, every step beside PyTorch FLASH and cuDNN, forward and backward, in
+#              two rounds: the JSON the results pages are written from                   ~330
 #   bench      the bench sweep (16K tokens, hidden 2048, seqlen 512..16384, d 64/128, causal
-#              off/on), forward and backward                                              ~120
+#              off/on), forward and backward, in two rounds                               ~200
 #   sanitize   compute-sanitizer's four tools over steps 01-06 (FA_QUEUE_SANITIZE_STEPS) ~190
 #   variant    the FA_QUEUE_VARIANTS folders built as extra steps: their conformance, then the
 #              bench sweep, forward, beside FA_QUEUE_VARIANT_STEPS in one process         ~150
@@ -81,7 +81,7 @@ task_robust() {
   return $rc
 }
 task_compare() {
-  FA_BUILD_DIR=$build timeout 240 python3 common/python/compare.py --backends flash,cudnn \
+  FA_BUILD_DIR=$build timeout 420 python3 common/python/compare.py --backends flash,cudnn \
     --seqlens 1024,2048,4096,8192,16384 --warmup 3 --repeats 10 --out "$out/nvidia-h200.json" \
     > "$out/compare.log" 2>&1
   local rc=$?
@@ -89,7 +89,7 @@ task_compare() {
   return $rc
 }
 task_bench() {
-  timeout 200 "$bin/bench" --out "$out/nvidia-h200_bench.json" > "$out/bench.txt" 2> "$out/bench_progress.log"
+  timeout 300 "$bin/bench" --out "$out/nvidia-h200_bench.json" > "$out/bench.txt" 2> "$out/bench_progress.log"
   local rc=$?
   record bench "rc=$rc, $(grep -c . "$out/bench.txt") lines"
   return $rc
@@ -133,7 +133,7 @@ task_sanitize07() {
   record sanitize07 "$(grep -E '^sanitize ' "$out/sanitize07_summary.txt" | tail -1)"
 }
 
-declare -A cost=([readme]=480 [suite]=60 [robust]=170 [compare]=200 [bench]=120 [sanitize]=190
+declare -A cost=([readme]=480 [suite]=60 [robust]=170 [compare]=330 [bench]=200 [sanitize]=190
                  [variant]=150 [sanitize07]=200)
 for t in ${FA_QUEUE_TASKS:-readme suite robust compare bench sanitize variant sanitize07}; do
   done_ "$t" && continue

@@ -49,7 +49,8 @@ for n in $names; do
   done
 done
 (FA_BUILD_DIR=$build FA_SANITIZE_STEPS=${san_steps%,} FA_SANITIZE_BUDGET=${FA_SANITIZE_BUDGET:-200} \
-  FA_SANITIZE_JOBS=8 bash common/scripts/sanitize.sh "$out/sanitize" > "$out/sanitize.txt" 2>&1) &
+  FA_SANITIZE_JOBS=8 FA_SANITIZE_SHARDS=${FA_SANITIZE_SHARDS:-"*:racecheck=4"} \
+  bash common/scripts/sanitize.sh "$out/sanitize" > "$out/sanitize.txt" 2>&1) &
 wait
 cat "$out"/suite_*.txt | tee -a "$log"
 grep -hE "^\[  FAILED  \]|Failure" -A3 "$out"/suite_*.log | head -30 | tee -a "$log"

@@ -12,6 +12,8 @@
 #   FA_VARIANT_BESIDE=07_backward                the steps they are compared with (commas)
 #   FA_VARIANT_DIRECTIONS=bwd                    compare.py --directions
 #   FA_VARIANT_ENV="x07_tail:FA_BWD_TAIL_SPLIT=4"   extra suite and sanitizer runs of a variant
+#   FA_VARIANT_LIMIT=570                         seconds for the whole script (compare.py is cut
+#                                                to fit, its partial JSON kept)
 # Logs and JSON under $OUT; the summary (suite and sanitizer lines, compare.py's table) last.
 . "$(dirname "$0")/setup.sh" variants
 build=${FA_BUILD_DIR:-$root/build-variants}
@@ -61,7 +63,9 @@ steps="$beside,$(echo $names | tr ' ' ',')"
 cmp="python3 common/python/compare.py --steps $steps --backends flash \
   --directions ${FA_VARIANT_DIRECTIONS:-bwd} --seqlens 1024,2048,4096,8192,16384 --warmup 3 \
   --repeats 10 --rounds 2"
-FA_LIB=$build/lib $cmp --out "$out/variants_compare.json" > "$out/variants_compare.txt" 2>&1
+left=$(( ${FA_VARIANT_LIMIT:-570} - (SECONDS - t0) - 15 ))  # the summary still prints
+FA_LIB=$build/lib timeout $((left > 30 ? left : 30)) $cmp --out "$out/variants_compare.json" \
+  > "$out/variants_compare.txt" 2>&1
 say "-- compare.py: rc=$? ($((SECONDS - t0)) s)"
 if [ "${FA_VARIANT_DET:-0}" = 1 ]; then
   FA_LIB=$build/lib $cmp --deterministic --out "$out/variants_compare_det.json" \

@@ -626,7 +626,9 @@ def measure_shape(torch, fs, args, shape, steps, progress):
                 vs = versus_flash([("o", o)])
                 if impl == FLASH:
                     flash["o"] = o
-                calls = in_turn([(lambda s=s: sdpa_call(torch, backend, *s, causal, scale))
+                # Every name a timed function uses is bound now (default arguments): the later
+                # rounds call it after the loop has moved on to other backends.
+                calls = in_turn([(lambda s=s, b=backend: sdpa_call(torch, b, *s, causal, scale))
                                  for s in sets])
                 finish(r, timed(calls), checks, vs)
                 if len(sets) > 1:
@@ -641,7 +643,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
                 leaves = [t.detach().requires_grad_() for t in (q, k, v)]
                 out = sdpa_call(torch, backend, *leaves, causal, scale)
 
-                def grad():
+                def grad(out=out, leaves=leaves):
                     return torch.autograd.grad(out, leaves, d_o, retain_graph=True)
 
                 dq, dk, dv = grad()

@@ -102,6 +102,7 @@ def test_compare_runs_on_cpu(tmp_path, monkeypatch, wrong):
         assert math.isclose(r["flops"], compare.flops(r["direction"], b, 2, n, n, 64,
                                                       r["causal"]))
     for r in rows:  # the default two rounds: every timed cell has both rounds' medians
+        assert not r["error"] or r["error"].startswith("RuntimeError: No viable backend"), r
         if not r["error"]:
             assert r["repeats"] == 2 * 3 and len(r["round_ms"]) == 2, r
             assert r["min_ms"] <= r["median_ms"] <= r["max_ms"] and "samples" not in r
@@ -128,18 +129,24 @@ def test_compare_rounds_alternate_the_order(tmp_path, monkeypatch):
         inner = fake.prepare_forward(step, q, k, v, o, lse, causal, scale)
         return lambda: (calls.append(step), inner())
 
+    def sdpa_call(torch_, backend, q, k, v, causal, scale):  # SDPA on the CPU, recorded
+        calls.append(backend)
+        return attention(q, k, v, causal, scale)[0].to(q.dtype)
+
     monkeypatch.setattr(flash_steps, "prepare_forward", prepare_forward)
+    monkeypatch.setattr(compare, "sdpa_call", sdpa_call)
     out = tmp_path / "rounds.json"
     rc = compare.main(["--device", "cpu", "--seqlens", "64", "--head-dims", "64", "--causal",
                        "0", "--directions", "fwd", "--tokens", "64", "--hidden", "128",
-                       "--warmup", "0", "--repeats", "2", "--rounds", "3", "--backends", "flash",
-                       "--no-check", "--out", str(out), "--seed", "5"])
+                       "--warmup", "0", "--repeats", "2", "--rounds", "3", "--backends",
+                       "flash,cudnn", "--no-check", "--out", str(out), "--seed", "5"])
     assert rc == 0
-    # Per step: one call to prepare the outputs, then 2 timed runs in each of the 3 rounds;
-    # round 2 times 07_backward before 01_naive, rounds 1 and 3 the other way round.
-    runs = [c for c in calls]
-    assert runs == ["01_naive"] * 3 + ["07_backward"] * 3 + ["07_backward"] * 2 + \
-        ["01_naive"] * 2 + ["01_naive"] * 2 + ["07_backward"] * 2, runs
+    # Per cell: one call before the timing (to check it), then 2 timed runs in each of the 3
+    # rounds; round 2 goes backwards, rounds 1 and 3 forwards. Each cell keeps its own
+    # function: FLASH's cell calls FLASH in every round, not the backend timed last.
+    fl, cu, a, b = "FLASH_ATTENTION", "CUDNN_ATTENTION", "01_naive", "07_backward"
+    assert calls == [fl] * 3 + [cu] * 3 + [a] * 3 + [b] * 3 + \
+        [b] * 2 + [a] * 2 + [cu] * 2 + [fl] * 2 + [fl] * 2 + [cu] * 2 + [a] * 2 + [b] * 2, calls
     rows = json.loads(out.read_text())["results"]
     for r in rows:
         if r["kind"] == "step":

@@ -1738,31 +1738,19 @@ __device__ __forceinline__ void q_block_p_in_smem(const BwdBlock<Tr>& b,
   const bool tile_empty =
       b.kv_start + b.key0 >= b.f.seqlen_k ||
       (b.f.causal && b.kv_start + b.key0 > b.q_start + b.query0 + Tr::kWarpCols - 1 + b.diag);
-  // Where the mask of line 12 goes: before line 14 (d = 128) or after it, on the stored P^T
-  // (d = 64: measured 3.5-4.4% faster there, 0.5-2% slower at d = 128; NOTES.md, change 10).
-  constexpr bool kMaskAfterDp = Tr::kHeadDim == 64;
   if (!tile_empty) {
     float s[2][Tr::kNTilesS][4], dp[2][Tr::kNTilesS][4];
     uint32_t frag[2][Tr::kNTilesS][2];
     compute_s_t<Tr, T>(s, b, b.query0);  // line 11
-    if constexpr (kMaskAfterDp) {
-      // d = 64: line 12 without the mask, then line 14, in one basic block, so that ptxas
-      // spreads the exponentials over the dP^T mmas; the mask then zeroes the masked
-      // elements of the stored P^T before anything reads it (NOTES.md, change 10).
-      compute_p_t<false>(s, b, b.query0);
-      pack_fragments<T>(frag, s);
-      store_tile_fragments<Ds>(b.pt_tile, frag, b.key0, b.query0, b.lane);
-      compute_dp_t<Tr, T>(dp, b, b.query0);  // line 14
-      if (needs_mask) mask_stored_p_t<Tr, Tr::kSMTiles, Tr::kNTilesS>(b, b.query0);
-    } else {
-      if (needs_mask)  // line 12
-        compute_p_t<true>(s, b, b.query0);
-      else
-        compute_p_t<false>(s, b, b.query0);
-      pack_fragments<T>(frag, s);
-      store_tile_fragments<Ds>(b.pt_tile, frag, b.key0, b.query0, b.lane);
-      compute_dp_t<Tr, T>(dp, b, b.query0);  // line 14
-    }
+    // Line 12 without the mask, then line 14, in one basic block, so that ptxas spreads the
+    // exponentials over the mmas around them; the mask then zeroes the masked elements of the
+    // stored P^T before anything reads it (NOTES.md, changes 10 and 11: 3.5-4.4% faster at
+    // d = 64, 1.6-1.8% at d = 128, than masking before line 14).
+    compute_p_t<false>(s, b, b.query0);
+    pack_fragments<T>(frag, s);
+    store_tile_fragments<Ds>(b.pt_tile, frag, b.key0, b.query0, b.lane);
+    compute_dp_t<Tr, T>(dp, b, b.query0);  // line 14
+    if (needs_mask) mask_stored_p_t<Tr, Tr::kSMTiles, Tr::kNTilesS>(b, b.query0);
     compute_ds_t_from_smem<Tr, T>(dp, b, b.query0);  // line 15
     pack_fragments<T>(frag, dp);
     store_tile_fragments<Ds>(b.ds_tile, frag, b.key0, b.query0, b.lane);

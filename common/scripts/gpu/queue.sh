@@ -10,6 +10,8 @@
 #   FA_QUEUE_RUNS=10     runs of the test suite with clock seeds, the README's command included
 #   FA_QUEUE_VARIANTS="labs/x03_kvalt"   extra step folders (FA_LAB_DIRS) for the `variant` task
 #   FA_QUEUE_VARIANT_STEPS="02_tiled_fa1,03_loop_swap"   the steps built and benched beside them
+#   FA_QUEUE_SANITIZE_STEPS, FA_QUEUE_SANITIZE_BUDGET=150, FA_QUEUE_SANITIZE_SHARDS
+#                        the `sanitize` task's steps, seconds and gtest shards (sanitize.sh)
 #
 # Tasks (estimated seconds on an H200 with 16 cores):
 #   readme     the README's test command, `cmake --workflow --preset test`: configure, build for
@@ -26,6 +28,8 @@
 #   variant    the FA_QUEUE_VARIANTS folders built as extra steps: their conformance, then the
 #              bench sweep, forward, beside FA_QUEUE_VARIANT_STEPS in one process         ~150
 #   sanitize07 robust.sh's sanitizer section: 07_backward's bf16 slice, default and 99 KB  ~200
+#   determ     07's backward, deterministic and default mode back to back (runner, same seed),
+#              d 64/128, N 1024/4096/16384, causal off/on                                 ~40
 # Logs go to $OUT (default gpu-logs/; under $OUT they are packed into queue-logs.tgz at the end,
 # the JSON results and queue.log left beside it); a summary, one line per task, is printed last.
 . "$(dirname "$0")/setup.sh" queue
@@ -96,8 +100,9 @@ task_bench() {
 }
 task_sanitize() {
   FA_BUILD_DIR=$build FA_SANITIZE_STEPS=${FA_QUEUE_SANITIZE_STEPS:-01_naive,02_tiled_fa1,03_loop_swap,04_deferred_rescale,05_split_q,06_causal_skip} \
-    FA_SANITIZE_BUDGET=150 FA_SANITIZE_JOBS=8 FA_SANITIZE_SHARDS="01_naive:initcheck=4" \
-    timeout 200 bash common/scripts/sanitize.sh "$out/sanitize" > "$out/sanitize.txt" 2>&1
+    FA_SANITIZE_BUDGET=${FA_QUEUE_SANITIZE_BUDGET:-150} FA_SANITIZE_JOBS=8 \
+    FA_SANITIZE_SHARDS=${FA_QUEUE_SANITIZE_SHARDS:-"01_naive:initcheck=4"} \
+    timeout $((${FA_QUEUE_SANITIZE_BUDGET:-150} + 50)) bash common/scripts/sanitize.sh "$out/sanitize" > "$out/sanitize.txt" 2>&1
   local rc=$?
   record sanitize "rc=$rc"
   grep -E "^(memcheck|racecheck|synccheck|initcheck) " "$out/sanitize/summary.txt" | tee -a "$log"
@@ -127,14 +132,28 @@ task_variant() {
   record "variant" "bench rc=$?"
   return $rc
 }
+task_determ() {
+  local d n c line
+  : > "$out/determ.txt"
+  for d in 64 128; do for n in 1024 4096 16384; do for c in "" --causal; do
+    for mode in "" --deterministic; do  # back to back, same inputs (the runner's seed)
+      line=$("$bin/07_backward" --backward --no-ceilings --no-check --seed 7 --batch $((16384 / n)) \
+        --heads $((2048 / d)) --seqlen $n --head-dim $d $c $mode --warmup 3 --repeats 10 2>&1 | tail -1)
+      echo "d=$d N=$n ${c:-full} ${mode:-default} | $line" >> "$out/determ.txt"
+    done
+  done; done; done
+  record determ "$(grep -c . "$out/determ.txt") runner lines"
+  cat "$out/determ.txt" >> "$log"
+}
 task_sanitize07() {
   FA_BUILD_DIR=$build FA_ROBUST_SKIP="seed suite env large runner" FA_SANITIZE_BUDGET=170 \
     timeout 230 bash common/scripts/gpu/robust.sh > "$out/sanitize07_summary.txt" 2>&1
   record sanitize07 "$(grep -E '^sanitize ' "$out/sanitize07_summary.txt" | tail -1)"
 }
 
-declare -A cost=([readme]=480 [suite]=60 [robust]=170 [compare]=330 [bench]=200 [sanitize]=190
-                 [variant]=150 [sanitize07]=200)
+declare -A cost=([readme]=480 [suite]=60 [robust]=170 [compare]=330 [bench]=200
+                 [sanitize]=$((${FA_QUEUE_SANITIZE_BUDGET:-150} + 40))
+                 [variant]=150 [sanitize07]=200 [determ]=40)
 for t in ${FA_QUEUE_TASKS:-readme suite robust compare bench sanitize variant sanitize07}; do
   done_ "$t" && continue
   if [ "$t" != readme ] && ! done_ readme; then record "$t" "not run: the README's command has not run on this machine"; continue; fi

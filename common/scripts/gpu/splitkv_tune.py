@@ -49,7 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "common", "python"))
 
-import compare  # noqa: E402  (sdpa_call, kv_bytes, flops, rotation_sets, in_turn, ceilings)
+import compare  # noqa: E402  (sdpa_call, kv_bytes, flops, rotation_sets, in_turn, time_calls, ceilings)
 
 #: Variables that select 08's launcher settings; all are cleared before each implementation
 #: runs, then its own are set.
@@ -173,20 +173,6 @@ class Knobs:
                 os.environ[k] = v
 
 
-def timed_calls(torch, fn, warmup, repeats):
-    """CUDA event times (ms) of `repeats` back-to-back calls after `warmup` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    stops = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    for i in range(repeats):
-        starts[i].record()
-        fn()
-        stops[i].record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, stops)]
-
-
 def interleaved(torch, fns, rounds, repeats):
     """{name: (all call times, per-round medians)} with the entries of `fns` ([(name, env,
     fn)]) interleaved round by round, the order shifted by one each round."""
@@ -195,7 +181,7 @@ def interleaved(torch, fns, rounds, repeats):
         shift = r % len(fns)
         for name, env, fn in fns[shift:] + fns[:shift]:
             with Knobs(env):
-                t = timed_calls(torch, fn, 2 if r == 0 else 1, repeats)
+                t = compare.time_calls(torch, fn, 2 if r == 0 else 1, repeats)["samples"]
             times[name][0].extend(t)
             times[name][1].append(statistics.median(t))
     return times
@@ -386,7 +372,7 @@ def summarize_kernels(groups):
 def read_ceiling_gbps(torch, mib=2048, repeats=10):
     """Bytes read per second by torch.sum (fp32 accumulation) over `mib` MiB of fp16."""
     x = torch.ones(mib * 2 ** 19, device="cuda", dtype=torch.float16)
-    t = timed_calls(torch, lambda: torch.sum(x, dtype=torch.float32), 3, repeats)
+    t = compare.time_calls(torch, lambda: torch.sum(x, dtype=torch.float32), 3, repeats)["samples"]
     del x
     torch.cuda.empty_cache()
     return mib * 2 ** 20 / (statistics.median(t) * 1e-3) / 1e9

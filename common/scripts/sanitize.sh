@@ -9,7 +9,8 @@
 # runs per step (a few minutes in all on an H200, several (tool, step) runs in parallel):
 #   - the conformance matrix in fp16 and bf16 for the odd_mqa, q_lt_k_gqa and q_gt_k shapes
 #     (forward, and backward in both modes where the step has one),
-#   - every named edge case (EdgeCases.*, SafetyEdgeCases.* but LargestGrid and LongSequences),
+#   - every named edge case (EdgeCases.*, SafetyEdgeCases.* but LargestGrid and LongSequences,
+#     and for racecheck and initcheck DeterministicBackwardIsBitwiseRepeatableOverSeveralWaves),
 #   - FA_RANDOM_PROBLEMS (default 10, the fewest that cover every class the random tests
 #     promise) random problems with lengths up to FA_RANDOM_MAX_SEQLEN (default 384),
 #   - and the same slice again under each FA_SMEM_LIMIT the step's CMakeLists lists
@@ -140,9 +141,21 @@ run_one() {  # tool step shard shards: one tool over one shard of a step's slice
   local envs=(GTEST_TOTAL_SHARDS="$4" GTEST_SHARD_INDEX="$3")
   [ "$tool" = initcheck ] && envs+=(FA_INITCHECK_PREFILL=1)
   case $s in *@*) envs+=(FA_SMEM_LIMIT="${s#*@}") ;; esac
+  # The deterministic backward over several waves (SafetyEdgeCases, 16 problems of hundreds of
+  # thread blocks) ran past 3 minutes under racecheck and initcheck on the H200 and took their
+  # whole budget (2026-12-02). It tests the order of the dQ adds across thread blocks, in
+  # device memory, which racecheck does not see (shared memory only), and it initializes
+  # nothing the small deterministic tests of the slice do not: those two tools leave it out,
+  # memcheck and synccheck run it.
+  local filter
+  filter=$(filter_for "$s")
+  case $tool in
+    racecheck | initcheck) case $filter in *-*) filter+=":*OverSeveralWaves*" ;;
+                                           *) filter+="-*OverSeveralWaves*" ;; esac ;;
+  esac
   env "${envs[@]}" timeout --kill-after=15 "$limit" "$cs" --tool "$tool" \
     --error-exitcode 99 --print-limit 200 --log-file "$base.sanitizer.log" \
-    "$bin" --gtest_filter="$(filter_for "$s")" > "$base.log" 2>&1
+    "$bin" --gtest_filter="$filter" > "$base.log" 2>&1
   rc=$?
   echo "$rc $((SECONDS - t0))" > "$base.rc"
 }

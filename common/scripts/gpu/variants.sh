@@ -81,14 +81,21 @@ for name in ("variants_compare.json", "variants_compare_det.json"):
         continue
     rows = [r for r in json.load(open(path))["results"] if not r.get("error")]
     t = {(r["impl"], r["direction"], r["head_dim"], r["causal"], r["seqlen_q"]): r for r in rows}
-    print("%s: TFLOP/s over PyTorch FLASH's, same tensors, 2 rounds" % name)
-    print("dir d   causal N      " + " ".join("%-14s" % s[:14] for s in steps))
-    for (impl, dr, d, c, n), f in sorted(t.items()):
-        if impl != "sdpa_flash":
-            continue
-        cells = ["%-14s" % ("%.3f%s" % (t[k]["tflops"] / f["tflops"], "" if t[k].get("passed")
-                                        else " FAIL") if k in t else "-")
-                 for k in ((s, dr, d, c, n) for s in steps)]
-        print("%-3s %-3d %-6d %-6d " % (dr, d, c, n) + " ".join(cells))
+    print("%s: ms of %s over ms of each step (in brackets: TFLOP/s over FLASH's), 2 rounds"
+          % (name, steps[0]))
+    print("dir d   causal N      " + " ".join("%-20s" % s[:20] for s in steps))
+    for key in sorted({k[1:] for k in t if k[0] == steps[0]}):
+        base, flash = t[(steps[0],) + key], t.get(("sdpa_flash",) + key)
+        cells = []
+        for s in steps:
+            r = t.get((s,) + key)
+            if r is None:
+                cells.append("%-20s" % "-")
+                continue
+            text = "%.3f" % (base["median_ms"] / r["median_ms"])
+            if flash:
+                text += " (%.3f)" % (r["tflops"] / flash["tflops"])
+            cells.append("%-20s" % (text + ("" if r.get("passed") else " FAIL")))
+        print("%-3s %-3d %-6d %-6d " % key + " ".join(cells))
 EOF
 say "-- total $((SECONDS - t0)) s"

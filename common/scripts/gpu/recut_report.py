@@ -11,6 +11,8 @@
                                                    within 5%; BENCH.json "-": none), 06 / PyTorch
                                                    FLASH, and the control: 07's forward over 06's
                                                    (the same machine code) in each tool
+    recut_report.py rounds RUN.json                how far apart each cell's rounds lie (--rounds), per
+                                                   step and direction: the precision of its figures
     recut_report.py regs BUILD.log                 registers and spills per kernel, from ptxas -v
 
 Python 3 standard library only. Prints plain text; exit status 0 unless an input is unreadable.
@@ -209,6 +211,26 @@ def cmd_agree(cmp_path, bench_path):
         for c, v in sorted(ratios.items())))
 
 
+def cmd_rounds(path):
+    """How far the rounds of each cell lie apart (--rounds; the README, "Burst or sustained"):
+    per implementation and direction, the median and largest |round 2 / round 1 - 1|."""
+    spread = {}
+    for r in json.load(open(path))["results"]:
+        rounds = r.get("round_ms")
+        if r.get("error") or not rounds or len(rounds) < 2 or min(rounds) <= 0:
+            continue
+        key = (r.get("impl") or r.get("step"), r["direction"])
+        spread.setdefault(key, []).append(max(rounds) / min(rounds) - 1)
+    if not spread:
+        print("no cell with two or more rounds in %s" % path)
+        return
+    print("rounds of one cell, max/min - 1 over its round medians: median and largest over the shapes")
+    for (impl, direction), v in sorted(spread.items()):
+        v.sort()
+        print("%-20s %-3s median %4.1f%%  largest %4.1f%%  (%d cells)"
+              % (impl, direction, 100 * v[len(v) // 2], 100 * v[-1], len(v)))
+
+
 def cmd_regs(log_path):
     """ptxas -v lines of the kernels, grouped by the object file Ninja was building."""
     obj, entry, spill, seen = "?", None, "?", []
@@ -239,7 +261,7 @@ def main(argv):
         return 2
     cmd, args = argv[1], argv[2:]
     {"chain": cmd_chain, "whatif": cmd_whatif, "ratios": cmd_ratios, "riders": cmd_riders,
-     "agree": cmd_agree, "regs": cmd_regs}[cmd](*args)
+     "agree": cmd_agree, "rounds": cmd_rounds, "regs": cmd_regs}[cmd](*args)
     return 0
 
 

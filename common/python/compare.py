@@ -555,12 +555,12 @@ def measure_shape(torch, fs, args, shape, steps, progress):
     heated = []  # the first measurement of the shape warms up for --heat-ms
     cells = []  # (row, function, [timing of each round]): the later rounds time them again
 
-    def timed(fn):
+    def timed(r, fn):
         warmup_ms = args.warmup_ms if heated else max(args.warmup_ms, args.heat_ms)
         heated.append(True)
         timing = time_calls(torch, fn, args.warmup, args.repeats, dev, warmup_ms)
         if args.rounds > 1:
-            cells.append((None, fn, [timing]))  # finish() names the row
+            cells.append((r, fn, [timing]))
         return timing
 
     def rates(r, timing):
@@ -572,8 +572,6 @@ def measure_shape(torch, fs, args, shape, steps, progress):
                 r["pct_copy"] = 100.0 * r["gbps"] / args.copy_gbps
 
     def finish(r, timing, checks, vs_flash):
-        if cells and cells[-1][0] is None:
-            cells[-1] = (r,) + cells[-1][1:]
         rates(r, timing)
         if checks:
             r["checked"] = True
@@ -630,7 +628,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
                 # rounds call it after the loop has moved on to other backends.
                 calls = in_turn([(lambda s=s, b=backend: sdpa_call(torch, b, *s, causal, scale))
                                  for s in sets])
-                finish(r, timed(calls), checks, vs)
+                finish(r, timed(r, calls), checks, vs)
                 if len(sets) > 1:
                     r["rotated_sets"] = len(sets)
                 del o
@@ -652,7 +650,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
                 vs = versus_flash([("dq", dq), ("dk", dk), ("dv", dv)])
                 if impl == FLASH:
                     flash.update(dq=dq, dk=dk, dv=dv)
-                finish(r, timed(grad), checks, vs)
+                finish(r, timed(r, grad), checks, vs)
                 del out, leaves, dq, dk, dv, grad
             except Exception as e:
                 r["error"] = describe_error(e)
@@ -678,7 +676,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
             if want_fwd:
                 calls = in_turn([launch] + [fs.prepare_forward(step, *s, o, lse, causal, scale)
                                             for s in sets[1:]])
-                finish(r, timed(calls), checks,
+                finish(r, timed(r, calls), checks,
                        versus_flash([("o", o)]))
                 if len(sets) > 1:
                     r["rotated_sets"] = len(sets)
@@ -701,7 +699,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
                 launch()
                 synchronize(torch, dev)
                 checks = check_grads(dq, dk, dv)
-                finish(r, timed(launch), checks,
+                finish(r, timed(r, launch), checks,
                        versus_flash([("dq", dq), ("dk", dk), ("dv", dv)]))
                 del dq, dk, dv, launch
             except Exception as e:

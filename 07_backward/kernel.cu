@@ -20,6 +20,11 @@
 ///   each part of dq_accum go in a fixed order, kv_block 0 first, passed on from thread block
 ///   to thread block through counters in device memory: bit-identical results run to run.
 ///
+/// - The last-wave split (TailSplit, plan_tail_split): without the mask every kv_block takes
+///   as long, so the grid's last partial wave would run on a few SMs while the others idle;
+///   its kv_blocks run instead as several thread blocks each, over shares of the q_blocks, in
+///   a kernel instance of their own launched after the main kernel's whole waves.
+///
 /// Run: `./build/bin/07_backward --backward --seqlen 4096 --head-dim 128`
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -33,6 +38,7 @@
 
 #include "fa/api.h"
 #include "fa/check.cuh"
+#include "fa/env.h"
 #include "fa/mma.cuh"
 #include "fa/step.h"
 
@@ -1261,15 +1267,34 @@ constexpr int kDqStageBarrier = 1;
 /// `group_pairs`; inside a group every pair's block 0 comes first, then every pair's block 1,
 /// and so on. The launcher numbers the blocks so that block 0 has the most work (the longest
 /// thread blocks start first and the short ones fill the tail of the grid); with
-/// `group_pairs` = 1 a pair's blocks simply run in order.
-__device__ __forceinline__ void decode_block_order(int num_blocks, int num_pairs, int group_pairs,
-                                                   int& block, int& pair) {
-  const int group = blockIdx.x / (group_pairs * num_blocks);
-  const int in_group = blockIdx.x - group * group_pairs * num_blocks;
+/// `group_pairs` = 1 a pair's blocks simply run in order. `index`: the place in that order.
+__device__ __forceinline__ void decode_block_order(unsigned index, int num_blocks, int num_pairs,
+                                                   int group_pairs, int& block, int& pair) {
+  const int group = index / (group_pairs * num_blocks);
+  const int in_group = index - group * group_pairs * num_blocks;
   const int pairs_in_group = min(group_pairs, num_pairs - group * group_pairs);
   block = in_group / pairs_in_group;
   pair = group * group_pairs + in_group % pairs_in_group;
 }
+
+/// The most thread blocks one kv_block of the tail split takes (TailSplit).
+constexpr int kMaxTailParts = 8;
+
+/// The split of the grid's last partial wave (no causal mask, not deterministic, large shapes:
+/// plan_tail_split). Without the mask every kv_block takes as long, so the last `count`
+/// kv_blocks of the order (total % resident) would run on a few SMs while the others idle.
+/// The main kernel runs the `first` kv_blocks before them (whole waves); a second launch, the
+/// kTailSplit instance, runs each of the `count` as `parts` thread blocks side by side: part p
+/// walks a contiguous share of the (query head, q_block) iterations, stores its fp32 dV and
+/// scale * dK, and the last part to finish sums the parts' in part order (finish_tail_parts).
+/// Only that instance reads it: the main kernel's parameters stay 07's.
+struct TailSplit {
+  int first;        ///< the kv_blocks of the main kernel, in order; the split ones follow
+  int count;        ///< the split kv_blocks
+  int parts;        ///< thread blocks per split kv_block
+  float* partials;  ///< [split kv_block][part][dV, scale * dK][kBlockN][d], fp32
+  int* counters;    ///< [split kv_block]: its parts done, zeroed before the preprocess
+};
 
 // ------------------------------------------------------------------------------------------
 // Kernel 1: preprocess
@@ -1826,12 +1851,14 @@ __device__ __forceinline__ void q_block_p_in_registers(
 /// `acc[mt][nd]` cover keys key0 + 16 mt + [0, 16) and head-dim columns col0 + 8 nd + [0, 8)
 /// of partial `part`. They go to an fp32 staging tile in shared memory (rows padded by 8
 /// floats: conflict-free), are summed there, and leave as 16-byte stores; rows at or past
-/// `valid_rows` are not stored.
-template <class Tr, typename T>
+/// `valid_rows` are not stored. A part of a split kv_block (kToPartial, TailSplit) stores the
+/// fp32 sums to `partial` ([kBlockN][d]) instead, for finish_tail_parts.
+template <class Tr, typename T, bool kToPartial = false>
 __device__ __forceinline__ void store_kv_grad(const float (&acc)[Tr::kKvMTiles][Tr::kKvNTiles][4],
                                               float mult, float* staging, T* gmem,
                                               int64_t row_stride, int valid_rows, int part,
-                                              int key0, int col0, int tid) {
+                                              int key0, int col0, int tid,
+                                              float* partial = nullptr) {
   const int lane = tid % 32;
   __syncthreads();  // the staging area is free
   float* mine =
@@ -1857,7 +1884,13 @@ __device__ __forceinline__ void store_kv_grad(const float (&acc)[Tr::kKvMTiles][
       sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
       sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
     }
-    if (row < valid_rows) {
+    if constexpr (kToPartial) {
+      if (row < valid_rows) {
+        float4* const dst = reinterpret_cast<float4*>(partial + row * Tr::kHeadDim + 8 * chunk);
+        dst[0] = make_float4(sum[0] * mult, sum[1] * mult, sum[2] * mult, sum[3] * mult);
+        dst[1] = make_float4(sum[4] * mult, sum[5] * mult, sum[6] * mult, sum[7] * mult);
+      }
+    } else if (row < valid_rows) {
       uint4 out;
       out.x = fa::pack2<T>(sum[0] * mult, sum[1] * mult);
       out.y = fa::pack2<T>(sum[2] * mult, sum[3] * mult);
@@ -1866,6 +1899,65 @@ __device__ __forceinline__ void store_kv_grad(const float (&acc)[Tr::kKvMTiles][
       *reinterpret_cast<uint4*>(gmem + row * row_stride + 8 * chunk) = out;
     }
   }
+}
+
+/// The end of a part of a split kv_block (TailSplit) once store_kv_grad has written its fp32
+/// dV and scale * dK to `partials` (the kv_block's: [part][dV, dK][kBlockN][d]): the part that
+/// finishes last sums every part's, in part order (the same bits whichever part that is), and
+/// stores dV and dK as store_kv_grad does; the others return. Every thread's fence before the
+/// count makes its partials visible to the other SMs, the last part's fence after the count
+/// orders its reads after the other parts' writes; the reads bypass L1 (`__ldcg`).
+template <class Tr, typename T>
+__device__ __forceinline__ void finish_tail_parts(const float* partials, int* counter, int parts,
+                                                  T* dv, int64_t dv_stride, T* dk,
+                                                  int64_t dk_stride, int valid_rows, int tid) {
+  constexpr int kGradFloats = Tr::kBlockN * Tr::kHeadDim, kGradChunks = kGradFloats / 8;
+  __threadfence();  // this thread's partials, before the count
+  __syncthreads();  // every thread's
+  if (!__syncthreads_or(tid == 0 && atomicAdd(counter, 1) == parts - 1)) return;
+  __threadfence();  // the other parts' partials, after the count
+  for (int idx = tid; idx < 2 * kGradChunks; idx += Tr::kNumThreads) {
+    const int grad = idx / kGradChunks;  // 0: dV, 1: dK
+    const int row = idx % kGradChunks / Tr::kChunksPerRow, chunk = idx % Tr::kChunksPerRow;
+    if (row >= valid_rows) continue;
+    float sum[8] = {};
+    for (int p = 0; p < parts; ++p) {
+      const float4* src = reinterpret_cast<const float4*>(partials + (2 * p + grad) * kGradFloats +
+                                                          row * Tr::kHeadDim + 8 * chunk);
+      const float4 lo = __ldcg(src), hi = __ldcg(src + 1);
+      sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
+      sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
+    }
+    uint4 out;
+    out.x = fa::pack2<T>(sum[0], sum[1]);
+    out.y = fa::pack2<T>(sum[2], sum[3]);
+    out.z = fa::pack2<T>(sum[4], sum[5]);
+    out.w = fa::pack2<T>(sum[6], sum[7]);
+    *reinterpret_cast<uint4*>((grad ? dk + row * dk_stride : dv + row * dv_stride) + 8 * chunk) =
+        out;
+  }
+}
+
+/// The epilogue of a part of a split kv_block (TailSplit): its fp32 dV and scale * dK
+/// (store_kv_grad) to its slot, blockIdx.x (split kv_block, part); the last part of the
+/// kv_block to get here sums the kv_block's slots (finish_tail_parts).
+template <class Tr, typename T>
+__device__ __forceinline__ void store_tail_part(
+    const float (&dv_acc)[Tr::kKvMTiles][Tr::kKvNTiles][4],
+    const float (&dk_acc)[Tr::kKvMTiles][Tr::kKvNTiles][4], float scale, float* staging,
+    const TailSplit& tail, T* dv, int64_t dv_stride, T* dk, int64_t dk_stride, int valid_rows,
+    int part, int key0, int col0, int tid) {
+  constexpr int kGradFloats = Tr::kBlockN * Tr::kHeadDim;
+  const int split_block = blockIdx.x / tail.parts;
+  float* const partials =  // the kv_block's
+      tail.partials + static_cast<int64_t>(split_block) * tail.parts * 2 * kGradFloats;
+  float* const partial = partials + (blockIdx.x - split_block * tail.parts) * 2 * kGradFloats;
+  store_kv_grad<Tr, T, true>(dv_acc, 1.f, staging, dv, dv_stride, valid_rows, part, key0, col0, tid,
+                             partial);
+  store_kv_grad<Tr, T, true>(dk_acc, scale, staging, dk, dk_stride, valid_rows, part, key0, col0,
+                             tid, partial + kGradFloats);
+  finish_tail_parts<Tr, T>(partials, tail.counters + split_block, tail.parts, dv, dv_stride, dk,
+                           dk_stride, valid_rows, tid);
 }
 
 /// Main backward kernel: one thread block per (kv_block j, kv head, batch), in the order of
@@ -1884,18 +1976,29 @@ __device__ __forceinline__ void store_kv_grad(const float (&acc)[Tr::kKvMTiles][
 /// previous one), start loading the next q_block's, then the lines. In deterministic mode
 /// (kOrderedDq) the dQ adds of each q_block go in kv_block order (DqTurn, counters in
 /// `dq_counters`) and each head's q_blocks are walked from the last one down, so that the
-/// kv_blocks of a head, resident together, reach a q_block in that order too.
-template <typename T, int kHeadDim, bool kLargeSmem, bool kOrderedDq>
-__global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 1)
-    bwd_dk_dv_kernel(const fa_bwd_args args, float* dq_accum, int* dq_counters,
-                     const float* lse_log2, const float* d_row, int seqlen_q_pad, float scale_log2,
-                     int group_pairs) {
+/// kv_blocks of a head, resident together, reach a q_block in that order too. The kernels
+/// below (bwd_dk_dv_kernel, bwd_dk_dv_tail_kernel) are this body; with kTailSplit (no mask,
+/// not deterministic) the thread block is part blockIdx.x % tail.parts of split kv_block
+/// blockIdx.x / tail.parts (TailSplit), walks its share of the iterations and ends in
+/// finish_tail_parts. Every piece of the split is behind `if constexpr`: without it the body
+/// is 07's, instruction for instruction.
+template <typename T, int kHeadDim, bool kLargeSmem, bool kOrderedDq, bool kTailSplit>
+__device__ __forceinline__ void dk_dv_block(const fa_bwd_args& args, float* dq_accum,
+                                            int* dq_counters, const float* lse_log2,
+                                            const float* d_row, int seqlen_q_pad, float scale_log2,
+                                            int group_pairs, const TailSplit& tail) {
+  static_assert(!(kTailSplit && kOrderedDq), "deterministic mode never splits");
   using Tr = BwdTraits<kHeadDim, kLargeSmem>;
   extern __shared__ __align__(128) char smem[];
   const fa_fwd_args& f = args.fwd;
   int kv_block = 0, pair = 0;
-  decode_block_order((f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, f.batch * f.heads_kv,
-                     group_pairs, kv_block, pair);
+  if constexpr (kTailSplit)  // the parts of a split kv_block are side by side in the grid
+    decode_block_order(tail.first + blockIdx.x / tail.parts,
+                       (f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, f.batch * f.heads_kv,
+                       group_pairs, kv_block, pair);
+  else
+    decode_block_order(blockIdx.x, (f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN,
+                       f.batch * f.heads_kv, group_pairs, kv_block, pair);
   BwdBlock<Tr> b{f};
   b.smem = smem;
   b.head_kv = pair % f.heads_kv;
@@ -1923,11 +2026,17 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
   // holding a row i >= kv_start - diag (the rows before see none of its keys: skipped).
   const int n_q_blocks = (b.f.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   const int m_begin = b.f.causal ? min(n_q_blocks, max(0, b.kv_start - b.diag) / Tr::kBlockM) : 0;
-  const int n_iters = group_size * (n_q_blocks - m_begin);  // (query head, q_block) pairs
+  int n_iters = group_size * (n_q_blocks - m_begin);  // (query head, q_block) pairs
   // Each head's q_blocks in order, or from the last one down (deterministic mode).
   const int first_q_block = kOrderedDq ? n_q_blocks - 1 : m_begin;
   const int past_q_block = kOrderedDq ? m_begin - 1 : n_q_blocks;
   const int q_step = kOrderedDq ? -1 : 1;
+  [[maybe_unused]] int it_begin = 0;  // the first iteration this thread block walks
+  if constexpr (kTailSplit) {  // a part of a split kv_block (no mask: m_begin = 0): its share
+    const int part = blockIdx.x % tail.parts;
+    it_begin = static_cast<int64_t>(n_iters) * part / tail.parts;
+    n_iters = static_cast<int64_t>(n_iters) * (part + 1) / tail.parts - it_begin;
+  }
 
   // Prologue: K_j, V_j and the first q_block in one cp.async group.
   const T* const k =
@@ -1937,9 +2046,15 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
   load_tile_async<Tr, Tr::kBlockN>(smem, k, f.k.row_stride, b.kv_start, b.f.seqlen_k, b.tid);
   load_tile_async<Tr, Tr::kBlockN>(smem + Tr::kOffV, v, f.v.row_stride, b.kv_start, b.f.seqlen_k,
                                    b.tid);
-  if (n_iters > 0)
-    load_q_block<Tr, T>(args, b, lse_log2, d_row, seqlen_q_pad, b.head_kv * group_size,
-                        first_q_block, 0, true, true);
+  if (n_iters > 0) {
+    if constexpr (kTailSplit)
+      load_q_block<Tr, T>(args, b, lse_log2, d_row, seqlen_q_pad,
+                          b.head_kv * group_size + it_begin / n_q_blocks, it_begin % n_q_blocks, 0,
+                          true, true);
+    else
+      load_q_block<Tr, T>(args, b, lse_log2, d_row, seqlen_q_pad, b.head_kv * group_size,
+                          first_q_block, 0, true, true);
+  }
   fa::cp_async_commit();
 
   // On-chip state for the whole loop: this warp's part of dV_j and (unscaled) dK_j.
@@ -1951,6 +2066,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
   // Iteration it visits (query head, q_block) = (head, q_block): the q_blocks of one head,
   // then the next head of the group (counters, not it / m_count: no integer division).
   int head = b.head_kv * group_size, q_block = first_q_block;
+  if constexpr (kTailSplit) head += it_begin / n_q_blocks, q_block = it_begin % n_q_blocks;
   for (int it = 0; it < n_iters; ++it) {
     const int buf = it & 1;
     int next_head = head, next_q_block = q_block + q_step;
@@ -1997,10 +2113,38 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
   T* const dk = static_cast<T*>(args.dk.ptr) + b.batch * args.dk.batch_stride +
                 b.head_kv * args.dk.head_stride + b.kv_start * args.dk.row_stride;
   const int part = Tr::kKvParts > 1 ? b.warp / Tr::kWarpsN : 0;
-  store_kv_grad<Tr, T>(dv_acc, 1.f, staging, dv, args.dv.row_stride, b.f.seqlen_k - b.kv_start,
-                       part, b.key0, b.kv_col0, b.tid);
-  store_kv_grad<Tr, T>(dk_acc, f.scale, staging, dk, args.dk.row_stride, b.f.seqlen_k - b.kv_start,
-                       part, b.key0, b.kv_col0, b.tid);
+  if constexpr (kTailSplit) {
+    store_tail_part<Tr, T>(dv_acc, dk_acc, f.scale, staging, tail, dv, args.dv.row_stride, dk,
+                           args.dk.row_stride, b.f.seqlen_k - b.kv_start, part, b.key0, b.kv_col0,
+                           b.tid);
+  } else {
+    store_kv_grad<Tr, T>(dv_acc, 1.f, staging, dv, args.dv.row_stride, b.f.seqlen_k - b.kv_start,
+                         part, b.key0, b.kv_col0, b.tid);
+    store_kv_grad<Tr, T>(dk_acc, f.scale, staging, dk, args.dk.row_stride,
+                         b.f.seqlen_k - b.kv_start, part, b.key0, b.kv_col0, b.tid);
+  }
+}
+
+/// The main backward kernel (dk_dv_block): every grid but the split tail's.
+template <typename T, int kHeadDim, bool kLargeSmem, bool kOrderedDq>
+__global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 1)
+    bwd_dk_dv_kernel(const fa_bwd_args args, float* dq_accum, int* dq_counters,
+                     const float* lse_log2, const float* d_row, int seqlen_q_pad, float scale_log2,
+                     int group_pairs) {
+  dk_dv_block<T, kHeadDim, kLargeSmem, kOrderedDq, false>(args, dq_accum, dq_counters, lse_log2,
+                                                          d_row, seqlen_q_pad, scale_log2,
+                                                          group_pairs, TailSplit{});
+}
+
+/// The split tail (TailSplit): tail.count x tail.parts thread blocks of dk_dv_block, launched
+/// after the main kernel's tail.first kv_blocks (large shapes, no mask, not deterministic).
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(BwdTraits<kHeadDim, true>::kNumThreads, 1)
+    bwd_dk_dv_tail_kernel(const fa_bwd_args args, float* dq_accum, const float* lse_log2,
+                          const float* d_row, int seqlen_q_pad, float scale_log2, int group_pairs,
+                          const TailSplit tail) {
+  dk_dv_block<T, kHeadDim, true, false, true>(args, dq_accum, nullptr, lse_log2, d_row,
+                                              seqlen_q_pad, scale_log2, group_pairs, tail);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -2096,13 +2240,97 @@ fa_status block_order(Kernel kernel, int threads, int smem_bytes, int64_t num_bl
   return FA_OK;
 }
 
+/// The fp32 partials the tail split may write (TailSplit, tail * P * B_c * d * 2 * 4 bytes):
+/// 32 MiB. The H200's L2 holds 50 MB; the partials are written and read back within one
+/// part's time, so that they stay there next to the tail's Q, dO and dq_accum (at most 16 MB
+/// at the benchmark shapes). x07_tail's 62 MB at d = 128 did not, and cost about 55 us at
+/// every N (NOTES.md, change 11: -2.9% at N = 1024).
+constexpr int64_t kMaxTailPartialBytes = int64_t{32} << 20;
+
+/// What a part of a split kv_block costs beyond its share of the iterations, in iterations
+/// (an estimate, not measured): its prologue (K_j, V_j), its fp32 partials and the last
+/// part's sum of them.
+constexpr int kTailPartCost = 1;
+
+/// When to split (NOTES.md, change 12, lists the predictions per benchmark shape): the parts P of
+/// each of the `tail` kv_blocks of the last partial wave (0 < tail < resident), each kv_block
+/// `n_iters` (query head, q_block) iterations long, or 1: no split. The tail's time, in
+/// iterations: unsplit, one thread block's, n_iters; in P parts, ceil(tail P / resident)
+/// rounds of the longest part, ceil(n_iters / P) + kTailPartCost (for large n_iters the
+/// ceil(tail P / resident) / P waves of change 11's x07_tail). P runs over [2, kMaxTailParts] with
+/// at least 2 iterations per part and at most kMaxTailPartialBytes of partials
+/// (`partial_bytes`: one part's); the shortest wins, the fewest parts on a tie, and only if it
+/// saves a quarter of a wave or more (the second launch and the partials' traffic are not in
+/// the model).
+int tail_split_parts(int64_t tail, int64_t resident, int64_t n_iters, int64_t partial_bytes) {
+  int best = 1;
+  int64_t best_time = n_iters;
+  for (int parts = 2; parts <= kMaxTailParts && 2 * parts <= n_iters; ++parts) {
+    if (tail * parts * partial_bytes > kMaxTailPartialBytes) break;
+    const int64_t rounds = (tail * parts + resident - 1) / resident;
+    const int64_t time = rounds * ((n_iters + parts - 1) / parts + kTailPartCost);
+    if (time < best_time) best = parts, best_time = time;
+  }
+  return 4 * (n_iters - best_time) >= n_iters ? best : 1;
+}
+
+/// The tail split (TailSplit, without its scratch) of the main kernel's grid: parts = 1 (no
+/// split) under causal masking, in deterministic mode, on the 99 KB shapes, or where
+/// tail_split_parts says so. FA_BWD_TAIL_SPLIT overrides the rule (a knob for measuring, and
+/// for the tests to reach the split on small problems): 0 never splits, 2 to kMaxTailParts
+/// splits in that many parts (at most the iterations of a kv_block), the last
+/// total % resident kv_blocks or, when every wave is whole, the last min(total, 4).
+template <typename T, int kHeadDim>
+fa_status plan_tail_split(const fa_bwd_args& args, TailSplit* tail) {
+  const fa_fwd_args& f = args.fwd;
+  long long forced = -1;
+  const fa::EnvStatus env = fa::env_int("FA_BWD_TAIL_SPLIT", 0, kMaxTailParts, &forced, nullptr);
+  if (env == fa::EnvStatus::kInvalid || forced == 1)
+    return fa::set_error(FA_ERR_INVALID_ARGUMENT,
+                         "%s: FA_BWD_TAIL_SPLIT=%s: expected 0 (no split) or 2 to %d parts",
+                         FA_STEP_NAME, std::getenv("FA_BWD_TAIL_SPLIT"), kMaxTailParts);
+  *tail = TailSplit{0, 0, 1, nullptr, nullptr};
+  if constexpr (kHasLargeBwdShape<kHeadDim>) {
+    using Tr = BwdTraits<kHeadDim, true>;
+    if (f.causal || args.deterministic || forced == 0) return FA_OK;
+    int optin = 0;
+    fa_status status = fa::smem_per_block_optin(&optin);
+    if (status != FA_OK || optin < Tr::kSmemBytes) return status;  // the 99 KB shapes
+    const auto kernel = bwd_dk_dv_kernel<T, kHeadDim, true, false>;
+    status = set_smem(kernel, Tr::kSmemBytes, "bwd_dk_dv_kernel");  // for its occupancy
+    if (status != FA_OK) return status;
+    int device = 0, num_sms = 0, blocks_per_sm = 0;
+    FA_CUDA_TRY(cudaGetDevice(&device));
+    FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
+                                                              Tr::kNumThreads, Tr::kSmemBytes));
+    const int64_t resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
+    const int64_t total =
+        static_cast<int64_t>((f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN) * f.batch * f.heads_kv;
+    const int64_t n_iters =
+        static_cast<int64_t>(f.heads / f.heads_kv) * ((f.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM);
+    int64_t count = total % resident;
+    int parts = tail_split_parts(count, resident, n_iters,
+                                 int64_t{2} * Tr::kBlockN * kHeadDim * sizeof(float));
+    if (forced > 0) {
+      parts = static_cast<int>(std::min<int64_t>(forced, n_iters));
+      if (count == 0) count = std::min<int64_t>(total, 4);
+    }
+    if (parts < 2 || count == 0 || total > INT32_MAX) return FA_OK;
+    *tail = TailSplit{static_cast<int>(total - count), static_cast<int>(count), parts, nullptr,
+                      nullptr};
+  }
+  return FA_OK;
+}
+
 /// Launches the main kernel with the small or large tile shape (in deterministic mode its
-/// ordered-dQ variant, `dq_counters` not null), then the dQ conversion, which reads dq_accum
-/// in that shape's layout.
+/// ordered-dQ variant, `dq_counters` not null) and, where the tail splits (`tail.parts` > 1,
+/// large shapes), the main kernel over the first tail.first kv_blocks and the split instance
+/// over the rest; then the dQ conversion, which reads dq_accum in that shape's layout.
 template <typename T, int kHeadDim, bool kLargeSmem>
 fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
                        const float* lse_log2, const float* d_row, float* dq_accum, int* dq_counters,
-                       float scale_log2) {
+                       float scale_log2, const TailSplit& tail) {
   using Tr = BwdTraits<kHeadDim, kLargeSmem>;
   const fa_fwd_args& f = args.fwd;
   const bool ordered = dq_counters != nullptr;
@@ -2117,9 +2345,24 @@ fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_
       static_cast<int64_t>(f.batch) * f.heads_kv,
       ordered ? kDetGroupWaves : (f.causal && kLongestFirst ? 4 : -1), &grid, &group_pairs);
   if (status != FA_OK) return status;
-  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
-      args, dq_accum, dq_counters, lse_log2, d_row, seqlen_q_pad, scale_log2, group_pairs);
-  FA_LAUNCH_TRY();
+  const bool split = kLargeSmem && tail.parts > 1;
+  // Split: the whole waves (a forced split of a small grid may leave none), then the rest.
+  if (split) grid.x = tail.first;
+  if (!split || grid.x > 0) {
+    kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
+        args, dq_accum, dq_counters, lse_log2, d_row, seqlen_q_pad, scale_log2, group_pairs);
+    FA_LAUNCH_TRY();
+  }
+  if constexpr (kLargeSmem) {
+    if (split) {
+      const auto tail_kernel = bwd_dk_dv_tail_kernel<T, kHeadDim>;
+      status = set_smem(tail_kernel, Tr::kSmemBytes, "bwd_dk_dv_tail_kernel");
+      if (status != FA_OK) return status;
+      tail_kernel<<<tail.count * tail.parts, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
+          args, dq_accum, lse_log2, d_row, seqlen_q_pad, scale_log2, group_pairs, tail);
+      FA_LAUNCH_TRY();
+    }
+  }
   const dim3 convert_grid((f.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, f.heads, f.batch);
   bwd_convert_dq_kernel<Tr, T>
       <<<convert_grid, Tr::kNumThreads, 0, stream>>>(args, dq_accum, seqlen_q_pad);
@@ -2133,10 +2376,13 @@ fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_
 /// else the small one (every sm_80+ GPU, the A100 included).
 template <typename T, int kHeadDim>
 fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
-                                  float* lse_log2, float* d_row, float* dq_accum,
-                                  int* dq_counters) {
+                                  float* lse_log2, float* d_row, float* dq_accum, int* dq_counters,
+                                  const TailSplit& tail) {
   const fa_fwd_args& f = args.fwd;
   const float scale_log2 = static_cast<float>(static_cast<double>(f.scale) * kLog2e);
+
+  if (tail.parts > 1)  // the split kv_blocks' counts of parts done
+    FA_CUDA_TRY(cudaMemsetAsync(tail.counters, 0, tail.count * sizeof(int), stream));
 
   bwd_preprocess_kernel<T, kHeadDim><<<dim3(seqlen_q_pad / 32, f.heads, f.batch), 256, 0, stream>>>(
       args, seqlen_q_pad, lse_log2, d_row, dq_accum, dq_counters);
@@ -2148,40 +2394,52 @@ fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, 
   if constexpr (kHasLargeBwdShape<kHeadDim>) {
     if (optin >= BwdTraits<kHeadDim, true>::kSmemBytes)
       return launch_dk_dv<T, kHeadDim, true>(args, stream, seqlen_q_pad, lse_log2, d_row, dq_accum,
-                                             dq_counters, scale_log2);
+                                             dq_counters, scale_log2, tail);
   }
   return launch_dk_dv<T, kHeadDim, false>(args, stream, seqlen_q_pad, lse_log2, d_row, dq_accum,
-                                          dq_counters, scale_log2);
+                                          dq_counters, scale_log2, tail);
 }
 
-/// Backward pass for one dtype and head dimension: allocates the scratch in stream order
-/// (dq_accum, lse in base 2, D and, in deterministic mode, the dQ counters), runs the kernels,
-/// frees the scratch.
+/// Backward pass for one dtype and head dimension: plans the tail split, allocates the scratch
+/// in stream order (dq_accum, lse in base 2, D, the split tail's partials and counters and, in
+/// deterministic mode, the dQ counters), runs the kernels, frees the scratch.
 template <typename T, int kHeadDim>
 fa_status launch_backward(const fa_bwd_args& args, cudaStream_t stream) {
   const fa_fwd_args& f = args.fwd;
+  TailSplit tail;
+  fa_status status = plan_tail_split<T, kHeadDim>(args, &tail);
+  if (status != FA_OK) return status;
   const int seqlen_q_pad = (f.seqlen_q + kRowPad - 1) / kRowPad * kRowPad;
   const size_t rows = static_cast<size_t>(f.batch) * f.heads * seqlen_q_pad;
   const size_t counters = args.deterministic ? rows : 0;
   if (counters > INT32_MAX)  // DqTurn indexes them with an int (dq_accum alone: > 512 GiB)
     return fa::set_error(FA_ERR_UNSUPPORTED, "07_backward: more than 2^31 - 1 rows");
-  const size_t bytes = (rows * kHeadDim + 2 * rows) * sizeof(float) + counters * sizeof(int);
+  const size_t partials = tail.parts > 1 ? static_cast<size_t>(tail.count) * tail.parts * 2 *
+                                               BwdTraits<kHeadDim, true>::kBlockN * kHeadDim
+                                         : 0;
+  const size_t tail_counters = tail.parts > 1 ? tail.count : 0;
+  const size_t bytes = (rows * kHeadDim + 2 * rows + partials) * sizeof(float) +
+                       (counters + tail_counters) * sizeof(int);
   float* scratch = nullptr;
   const cudaError_t alloc = cudaMallocAsync(&scratch, bytes, stream);
   if (alloc == cudaErrorMemoryAllocation) {
     cudaGetLastError();  // not sticky: clear it
     return fa::set_error(FA_ERR_OUT_OF_MEMORY,
                          "07_backward: no device memory for %.1f MiB of scratch "
-                         "(dq_accum, lse, D%s)",
-                         bytes / 1048576.0, args.deterministic ? ", dQ counters" : "");
+                         "(dq_accum, lse, D%s%s)",
+                         bytes / 1048576.0, args.deterministic ? ", dQ counters" : "",
+                         tail.parts > 1 ? ", tail partials" : "");
   }
   FA_CUDA_TRY(alloc);
   float* const dq_accum = scratch;
   float* const lse_log2 = dq_accum + rows * kHeadDim;
   float* const d_row = lse_log2 + rows;
-  int* const dq_counters = args.deterministic ? reinterpret_cast<int*>(d_row + rows) : nullptr;
-  const fa_status status = launch_backward_kernels<T, kHeadDim>(
-      args, stream, seqlen_q_pad, lse_log2, d_row, dq_accum, dq_counters);
+  tail.partials = d_row + rows;  // float4 aligned: rows is a multiple of kRowPad
+  int* const dq_counters =
+      args.deterministic ? reinterpret_cast<int*>(tail.partials + partials) : nullptr;
+  tail.counters = reinterpret_cast<int*>(tail.partials + partials) + counters;
+  status = launch_backward_kernels<T, kHeadDim>(args, stream, seqlen_q_pad, lse_log2, d_row,
+                                                dq_accum, dq_counters, tail);
   const cudaError_t freed = cudaFreeAsync(scratch, stream);  // after the kernels, in order
   if (status != FA_OK) return status;
   FA_CUDA_TRY(freed);

@@ -3,7 +3,9 @@
 # the tasks not yet done, in order, while the next one's estimate still fits the call's limit,
 # and records each task it has run (passed or not) in build/.gpu-queue-done (the build tree is ignored by git
 # and stays on a warm machine). Calling it again on the same machine picks up where the last
-# call stopped, without rebuilding; on a fresh machine it starts over with the README's command.
+# call stopped, without rebuilding; on a fresh machine, or given another commit (FA_GIT_COMMIT,
+# else git's HEAD), it starts over with the README's command. When no task runs although some
+# are left (the limit below the next one's estimate), it says so and exits 3.
 #
 #   FA_QUEUE_LIMIT=570   seconds this call may take (the device tool's 10 minutes, less a margin)
 #   FA_QUEUE_TASKS="..." the task names, in order (default: all below)
@@ -48,7 +50,14 @@ failures() { grep -E "\(Failed\)|\(Timeout\)|\(SEGFAULT\)|\*\*\*Exception|^\[  F
 suite_runs() { grep -c . "$build/.gpu-queue-suite" 2>/dev/null || echo 0; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader >> "$log" 2>&1
-say "queue: commit ${FA_GIT_COMMIT:-unknown}, limit $limit s, done before: $(tr '\n' ' ' < "$state" 2>/dev/null)"
+# The tasks done are those of one commit: a warm machine given a new commit starts over.
+commit=${FA_GIT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+if [ -f "$state" ] && [ "$(head -1 "$state")" != "commit $commit" ]; then
+  say "queue: the tasks done on this machine were for $(head -1 "$state" | cut -d' ' -f2-); starting over for $commit"
+  rm -f "$state" "$build/.gpu-queue-suite"
+fi
+[ -f "$state" ] || { mkdir -p "$build" && echo "commit $commit" > "$state"; }
+say "queue: commit $commit, limit $limit s, done before: $(tail -n +2 "$state" | tr '\n' ' ')"
 
 task_readme() {
   local t0=$SECONDS rc
@@ -154,10 +163,12 @@ task_sanitize07() {
 declare -A cost=([readme]=480 [suite]=60 [robust]=170 [compare]=330 [bench]=200
                  [sanitize]=$((${FA_QUEUE_SANITIZE_BUDGET:-150} + 40))
                  [variant]=150 [sanitize07]=200 [determ]=40)
+ran=0 pending=0
 for t in ${FA_QUEUE_TASKS:-readme suite robust compare bench sanitize variant sanitize07}; do
   done_ "$t" && continue
-  if [ "$t" != readme ] && ! done_ readme; then record "$t" "not run: the README's command has not run on this machine"; continue; fi
-  if ! fits "${cost[$t]:-60}"; then record "$t" "not run: ${cost[$t]:-60} s would not fit ($(el) of $limit s used)"; continue; fi
+  if [ "$t" != readme ] && ! done_ readme; then record "$t" "not run: the README's command has not run on this machine"; pending=1; continue; fi
+  if ! fits "${cost[$t]:-60}"; then record "$t" "not run: ${cost[$t]:-60} s would not fit ($(el) of $limit s used)"; pending=1; continue; fi
+  ran=1
   "task_$t"; rc=$?  # a failure is recorded above, not retried by the next call; a cut one is
   [ $rc = 124 ] && break
   if [ "$t" != suite ] || [ "$(suite_runs)" -ge "$runs" ]; then mark "$t"; fi
@@ -172,4 +183,10 @@ if [ -n "${OUT:-}" ]; then
   (cd "$out" && tar czf "$pack" --exclude='*.json' --exclude=queue.log . && mv "$pack" queue-logs.tgz &&
     find . -mindepth 1 -type f ! -name '*.json' ! -name queue.log ! -name queue-logs.tgz -delete &&
     find . -mindepth 1 -type d -empty -delete)
+fi
+# Nothing ran although tasks were left (FA_QUEUE_LIMIT below the next task's estimate, or the
+# README's command not in the list on a fresh machine): say so where the caller looks first.
+if [ $ran = 0 ] && [ $pending = 1 ]; then
+  echo "queue: no task ran; the summary above says why" >&2
+  exit 3
 fi

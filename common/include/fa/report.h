@@ -112,7 +112,9 @@ bool write_report_file(const std::string& path, const GpuInfo& gpu, const Ceilin
 std::string build_commit();
 
 /// This build's commit, the current time and the command line `argv` joined by spaces, with
-/// `FA_SMEM_LIMIT=<value> ` in front when that variable is set (it changes the tile shapes).
+/// `NAME=<value> ` in front for each variable that changes the kernels a step runs and is set:
+/// FA_SMEM_LIMIT (the tile shapes), FA_NUM_SPLITS (08's split of the keys), FA_BWD_TAIL_SPLIT
+/// (07's split of the last wave).
 RunInfo run_info(int argc, char** argv);
 
 /// The current UTC time as "2026-11-29T12:00:00Z".

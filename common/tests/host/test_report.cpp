@@ -187,13 +187,18 @@ TEST(Report, RunInfoNamesTheSharedMemoryLimit) {
   char* argv[] = {arg0, arg1, arg2};
   unsetenv("FA_SMEM_LIMIT");
   unsetenv("FA_NUM_SPLITS");
+  unsetenv("FA_BWD_TAIL_SPLIT");
   EXPECT_EQ(run_info(3, argv).command, "bench --seqlens 4096");
   setenv("FA_SMEM_LIMIT", "101376", 1);
   EXPECT_EQ(run_info(3, argv).command, "FA_SMEM_LIMIT=101376 bench --seqlens 4096");
   setenv("FA_NUM_SPLITS", "4", 1);  // 08_split_kv's split of the keys
   EXPECT_EQ(run_info(3, argv).command, "FA_SMEM_LIMIT=101376 FA_NUM_SPLITS=4 bench --seqlens 4096");
+  setenv("FA_BWD_TAIL_SPLIT", "0", 1);  // 07_backward's split of the last wave
+  EXPECT_EQ(run_info(3, argv).command,
+            "FA_SMEM_LIMIT=101376 FA_NUM_SPLITS=4 FA_BWD_TAIL_SPLIT=0 bench --seqlens 4096");
   unsetenv("FA_SMEM_LIMIT");
   unsetenv("FA_NUM_SPLITS");
+  unsetenv("FA_BWD_TAIL_SPLIT");
 }
 
 }  // namespace

@@ -10,6 +10,7 @@ Usage (on a machine with an sm_80+ GPU, PyTorch and a built libfa):
     python3 common/python/compare.py --log-dir "$OUT"   # also copy the JSON and the log there
     python3 common/python/compare.py --merge a.json b.json --out all.json   # join partial runs
     python3 common/python/compare.py --decode --steps 06_causal_skip,08_split_kv --backends flash
+    python3 common/python/compare.py --energy --steps 06_causal_skip --directions fwd   # + mJ/call
     python3 common/python/compare.py --help
 
 For every shape of the sweep (16K tokens: batch = 16384 / seqlen; hidden 2048: heads =
@@ -40,6 +41,19 @@ that Python's launch overhead (a few microseconds that the C++ harness does not 
 hidden behind the GPU work instead of being timed. TFLOP/s use the harness's FLOP counts:
 forward 4 B H Nq Nk d over unmasked pairs only, backward 2.5x forward.
 
+Energy (--energy): under the power cap of a sustained load a kernel's time follows the energy
+it spends per call (README, "Burst or sustained"), so each timed cell (each round) can also
+read NVML's counter of the GPU's total energy (nvmlDeviceGetTotalEnergyConsumption, mJ since
+the driver loaded, Volta and newer; through ctypes, no pip package) just before its timed calls
+are queued and after the last synchronize. Rows then get energy_mj_per_call (energy / calls),
+power_w (energy / wall time of the interval), energy_calls (the calls counted, over all rounds)
+and, with rounds, round_energy_mj, each round's figure (the row's is their median, as for the
+time). NVML updates the counter only every 20-100 ms: the interval must be much longer than
+that, so calls are run after the timed ones (the CUDA-event timing is unchanged) until it lasts
+--energy-ms (500 ms; at most about one update period off at each end, so more is more exact).
+Where NVML or the counter is missing one warning says so and the rows get null. Without
+--energy the JSON has none of these keys.
+
 Decoding (--decode): instead of the paper's sweep, few query rows against long key sequences,
 the shapes of text generation: seqlen_q in --seqlens-q (1, 16), seqlen_k in --seqlens-k (1K..128K),
 batch in --batches (1..64), --heads query heads (32) with --heads-kv key/value heads (8, 32),
@@ -65,6 +79,7 @@ table and docs/results.md with common/python/results.py.
 """
 
 import argparse
+import ctypes
 import datetime
 import itertools
 import json
@@ -212,6 +227,13 @@ def parse_args(argv=None):
     p.add_argument("--no-rotate", dest="rotate", action="store_false",
                    help="decode: time every call on the same tensors, even those that fit in "
                         "the L2 cache (default: rotate among copies, see the top of this file)")
+    p.add_argument("--energy", action="store_true",
+                   help="also the GPU's energy per call (mJ, NVML's energy counter) and its "
+                        "mean power (W) in every timed cell (see the top of this file)")
+    p.add_argument("--energy-ms", type=float, default=500.0,
+                   help="with --energy: each cell's energy interval lasts at least this long, "
+                        "more calls being run after the timed ones if need be (500; NVML's "
+                        "counter moves only every 20-100 ms)")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": smoke tests
     a = p.parse_args(argv)
     if a.decode:  # decoding: d = 128, no mask (seqlen_q = 1 sees every key anyway), forward
@@ -240,6 +262,8 @@ def parse_args(argv=None):
         p.error("--seqlens-q, --seqlens-k, --batches, --heads and --heads-kv must be positive")
     if a.repeats < 1 or a.rounds < 1 or a.warmup < 0 or not a.warmup_ms >= 0 or not a.heat_ms >= 0:
         p.error("--repeats and --rounds must be >= 1, --warmup, --warmup-ms and --heat-ms >= 0")
+    if not a.energy_ms >= 0:
+        p.error("--energy-ms must be >= 0")
     names = dict((n.split("_", 1)[1], n) for n, _ in BACKENDS)
     a.backends = [b for b in a.backends.split(",") if b]
     for b in a.backends:
@@ -250,6 +274,7 @@ def parse_args(argv=None):
         p.error("--merge needs --out")
     a.copy_gbps = 0.0  # measured by main() for --decode
     a.l2_bytes = 0  # the GPU's L2 cache, set by main() for --decode (0: no rotation)
+    a.meter = None  # the EnergyMeter of --energy, opened by main()
     return a
 
 
@@ -267,9 +292,9 @@ def _run(cmd):
 
 
 # Environment variables that change which kernels the steps run (fa::smem_per_block_optin,
-# 08_split_kv's FA_NUM_SPLITS): recorded in front of the command, as the shell line that
-# reproduces the run.
-KERNEL_ENV = ("FA_SMEM_LIMIT", "FA_NUM_SPLITS")
+# 08_split_kv's FA_NUM_SPLITS, 07_backward's FA_BWD_TAIL_SPLIT): recorded in front of the
+# command, as the shell line that reproduces the run (fa::run_info does the same).
+KERNEL_ENV = ("FA_SMEM_LIMIT", "FA_NUM_SPLITS", "FA_BWD_TAIL_SPLIT")
 
 
 def run_info():
@@ -322,11 +347,105 @@ def empty_cache(torch, device):
         torch.cuda.empty_cache()
 
 
-def time_calls(torch, fn, warmup, repeats, device="cuda", warmup_ms=0.0):
+class NvmlError(RuntimeError):
+    """NVML missing, or one of its calls failing (the message names the call and NVML's
+    error)."""
+
+
+class NvmlEnergy:
+    """NVML's counter of the energy one GPU has used since the driver loaded, in mJ (Volta and
+    newer), read through ctypes on libnvidia-ml.so.1, which the driver installs: no pip
+    package. Calling the object reads the counter; any failure raises NvmlError.
+
+    The GPU is found by its PCI bus id, as PyTorch reports it: NVML numbers every GPU of the
+    machine in PCI order, whereas CUDA's index counts only those of CUDA_VISIBLE_DEVICES, by
+    default fastest first. Only where PyTorch gives no bus id is the CUDA index used as NVML's
+    (then right only with every GPU visible in PCI order); `matched` says which it was."""
+
+    def __init__(self, torch, device):
+        if device != "cuda":
+            raise NvmlError("no CUDA device (--device %s)" % device)
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError as e:
+            raise NvmlError("cannot load libnvidia-ml.so.1: %s" % e)
+        lib.nvmlErrorString.restype = ctypes.c_char_p
+        lib.nvmlErrorString.argtypes = [ctypes.c_int]
+        lib.nvmlDeviceGetTotalEnergyConsumption.argtypes = [
+            ctypes.c_void_p, ctypes.POINTER(ctypes.c_ulonglong)]
+        self.lib = lib
+        self.check("nvmlInit_v2", lib.nvmlInit_v2())
+        index = torch.cuda.current_device()
+        prop = torch.cuda.get_device_properties(index)
+        self.handle = ctypes.c_void_p()
+        if all(hasattr(prop, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+            bus = "%08X:%02X:%02X.0" % (prop.pci_domain_id, prop.pci_bus_id, prop.pci_device_id)
+            self.check("nvmlDeviceGetHandleByPciBusId_v2", lib.nvmlDeviceGetHandleByPciBusId_v2(
+                bus.encode(), ctypes.byref(self.handle)))
+            self.matched = "PCI bus id " + bus
+        else:
+            self.check("nvmlDeviceGetHandleByIndex_v2", lib.nvmlDeviceGetHandleByIndex_v2(
+                ctypes.c_uint(index), ctypes.byref(self.handle)))
+            self.matched = "index %d (no PCI bus id from PyTorch)" % index
+        self()  # Not Supported (pre-Volta, counter off) shows here, not amid the sweep
+
+    def check(self, what, status):
+        if status != 0:
+            text = (self.lib.nvmlErrorString(status) or b"").decode("utf-8", "replace")
+            raise NvmlError("%s: %s (NVML status %d)" % (what, text, status))
+
+    def __call__(self):
+        mj = ctypes.c_ulonglong()
+        self.check("nvmlDeviceGetTotalEnergyConsumption",
+                   self.lib.nvmlDeviceGetTotalEnergyConsumption(self.handle, ctypes.byref(mj)))
+        return mj.value
+
+
+class EnergyMeter:
+    """--energy: a reader of a total-energy counter in mJ (NvmlEnergy(torch, device); tests
+    put a fake in its place) that never stops the sweep. A reader that cannot be opened, or
+    that fails later, is reported once on stderr and reads None from then on: the cells then
+    get energy_mj_per_call = null and their timing as without --energy."""
+
+    def __init__(self, torch, device):
+        self.reader, self.error = None, ""
+        try:
+            self.reader = NvmlEnergy(torch, device)
+        except Exception as e:
+            self.fail(e)
+
+    def fail(self, e):
+        self.reader, self.error = None, describe_error(e)
+        sys.stderr.write("compare.py: warning: --energy: no energy counter (%s); the rows get "
+                         "energy_mj_per_call: null\n" % self.error)
+
+    def describe(self):
+        if self.reader is None:
+            return "none"
+        return "NVML's total energy consumption of the GPU, found by %s" % getattr(
+            self.reader, "matched", "?")
+
+    def read(self):
+        """The counter in mJ, or None."""
+        if self.reader is None:
+            return None
+        try:
+            return float(self.reader())
+        except Exception as e:
+            self.fail(e)
+            return None
+
+
+def time_calls(torch, fn, warmup, repeats, device="cuda", warmup_ms=0.0, meter=None,
+               energy_ms=0.0):
     """Harness timing (fa::time_step): warm-up, at least `warmup` calls and, one after another,
     for at least `warmup_ms` ms (the GPU in the power and clock state of a sustained load,
     whatever ran before); then CUDA events around each of `repeats` calls; median, min, max in
-    ms. Calls are queued back to back (one synchronize at the end)."""
+    ms. Calls are queued back to back (one synchronize at the end).
+
+    With an EnergyMeter (--energy) the energy counter is also read just before the timed calls
+    are queued and, once at least `energy_ms` have passed (see energy_of), after the last
+    synchronize: the timing gains energy_mj_per_call, power_w and energy_calls."""
     if device != "cuda":  # CPU smoke tests: no clocks to settle
         warmup_ms = 0.0
     t0 = time.perf_counter()
@@ -336,6 +455,9 @@ def time_calls(torch, fn, warmup, repeats, device="cuda", warmup_ms=0.0):
         if warmup_ms > 0:
             synchronize(torch, device)
         i += 1
+    if meter is not None:
+        synchronize(torch, device)  # the warm-up's last calls stay out of the energy interval
+        e0, t0 = meter.read(), time.perf_counter()
     if device == "cuda":
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         stops = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
@@ -348,28 +470,82 @@ def time_calls(torch, fn, warmup, repeats, device="cuda", warmup_ms=0.0):
     else:  # CPU smoke tests only
         ms = []
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t1 = time.perf_counter()  # (t0 is the energy interval's start)
             fn()
-            ms.append(1e3 * (time.perf_counter() - t0))
+            ms.append(1e3 * (time.perf_counter() - t1))
         ms.sort()
-    return timing_of(ms)
+    timing = timing_of(ms)
+    if meter is not None:
+        timing.update(energy_of(torch, fn, device, meter, e0, t0, repeats, timing["median_ms"],
+                                energy_ms))
+    return timing
+
+
+def energy_of(torch, fn, device, meter, e0, t0, calls, call_ms, energy_ms):
+    """Closes the energy interval that time_calls opened (counter e0 mJ at perf_counter t0)
+    before queuing `calls` calls of fn, which are done: energy per call (mJ), mean power (W)
+    and the number of calls in the interval.
+
+    NVML's counter moves only every 20-100 ms, so an interval as short as most cells' timed
+    calls would read 0 or one whole update: until `energy_ms` have passed since t0, more calls
+    are queued back to back after the timed ones (each batch sized by the median call_ms; the
+    CUDA-event timing is already taken and stays as it was) and synchronized. The figures still
+    carry up to about one update period of error at each end: energy_ms / 100 ms is the rough
+    precision. Gaps between calls (a launch-bound cell) count too: energy per call is then more
+    than power_w x median_ms."""
+    nulls = {"energy_mj_per_call": None, "power_w": None, "energy_calls": 0}
+    if e0 is None:
+        return nulls
+    while True:
+        left = energy_ms - 1e3 * (time.perf_counter() - t0)
+        if left <= 0:
+            break
+        n = int(math.ceil(left / max(call_ms, 1e-3)))
+        for _ in range(n):
+            fn()
+        synchronize(torch, device)
+        calls += n
+    e1, t1 = meter.read(), time.perf_counter()
+    if e1 is None:
+        return nulls
+    mj = e1 - e0
+    return {"energy_mj_per_call": mj / calls,
+            "power_w": mj / (1e3 * (t1 - t0)) if t1 > t0 else None,  # mJ / ms = W
+            "energy_calls": calls}
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 def timing_of(ms):
     """Median, min, max and spread of timed runs (ms), and the sorted runs as "samples"."""
     ms = sorted(ms)
-    n = len(ms)
-    median = ms[n // 2] if n % 2 else 0.5 * (ms[n // 2 - 1] + ms[n // 2])
-    return {"median_ms": median, "min_ms": ms[0], "max_ms": ms[-1], "repeats": n,
-            "spread_pct": 100.0 * (ms[-1] - ms[0]) / median if median > 0 else 0.0,
+    mid = median(ms)
+    return {"median_ms": mid, "min_ms": ms[0], "max_ms": ms[-1], "repeats": len(ms),
+            "spread_pct": 100.0 * (ms[-1] - ms[0]) / mid if mid > 0 else 0.0,
             "samples": ms}
 
 
 def pool_rounds(timings):
     """One timing from the runs of several rounds of the same cell (--rounds), as the bench's
-    fa::pool_rounds: the median over every run, each round's own median in "round_ms"."""
+    fa::pool_rounds: the median over every run, each round's own median in "round_ms".
+
+    With --energy: energy per call and power are the medians over the rounds that have one
+    (null if none has), each round's energy per call in "round_energy_mj", and energy_calls
+    the calls of those rounds together."""
     pooled = timing_of([t for timing in timings for t in timing["samples"]])
     pooled["round_ms"] = [timing["median_ms"] for timing in timings]
+    if "energy_mj_per_call" in timings[0]:
+        known = [t for t in timings if t["energy_mj_per_call"] is not None]
+        powers = [t["power_w"] for t in known if t["power_w"] is not None]
+        pooled["energy_mj_per_call"] = (median([t["energy_mj_per_call"] for t in known])
+                                        if known else None)
+        pooled["power_w"] = median(powers) if powers else None
+        pooled["energy_calls"] = sum(t["energy_calls"] for t in known)
+        pooled["round_energy_mj"] = [t["energy_mj_per_call"] for t in timings]
     return pooled
 
 
@@ -555,10 +731,14 @@ def measure_shape(torch, fs, args, shape, steps, progress):
     heated = []  # the first measurement of the shape warms up for --heat-ms
     cells = []  # (row, function, [timing of each round]): the later rounds time them again
 
+    def measure(fn, warmup_ms):  # one round of one cell; with --energy its energy too
+        return time_calls(torch, fn, args.warmup, args.repeats, dev, warmup_ms, args.meter,
+                          args.energy_ms)
+
     def timed(r, fn):
         warmup_ms = args.warmup_ms if heated else max(args.warmup_ms, args.heat_ms)
         heated.append(True)
-        timing = time_calls(torch, fn, args.warmup, args.repeats, dev, warmup_ms)
+        timing = measure(fn, warmup_ms)
         if args.rounds > 1:
             cells.append((r, fn, [timing]))
         return timing
@@ -717,8 +897,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
             if r["error"]:
                 continue
             try:
-                timings.append(time_calls(torch, fn, args.warmup, args.repeats, dev,
-                                          args.warmup_ms))
+                timings.append(measure(fn, args.warmup_ms))
             except Exception as e:  # e.g. out of memory with every output of the shape alive
                 r["error"] = describe_error(e)
                 continue
@@ -759,11 +938,18 @@ def write_json(path, doc):
     os.replace(tmp, path)
 
 
-def table(rows):
-    """The rows as a text table, one shape after another, with the speed ratio to FLASH."""
-    lines = ["%-15s %-3s %4s %-6s %6s %4s %3s %9s %7s %8s %8s %9s  %s" % (
+def energy_cell(r):
+    """The mJ/call column of --energy: 9 characters, '-' where the row has no figure."""
+    mj = r.get("energy_mj_per_call")
+    return " %9.2f" % mj if mj is not None else " %9s" % "-"
+
+
+def table(rows, energy=False):
+    """The rows as a text table, one shape after another, with the speed ratio to FLASH (and,
+    with --energy, the energy per call)."""
+    lines = ["%-15s %-3s %4s %-6s %6s %4s %3s %9s %7s %8s %8s%s %9s  %s" % (
         "impl", "dir", "d", "mask", "N", "B", "H", "ms", "spread", "TFLOP/s", "vs FLASH",
-        "max|err|", "check")]
+        " %9s" % "mJ/call" if energy else "", "max|err|", "check")]
     flash = {}
     for r in rows:
         if r["impl"] == FLASH and not r.get("error"):
@@ -776,21 +962,21 @@ def table(rows):
             lines.append(head + "  error: " + r["error"])
             continue
         f = flash.get(key_of(r))
-        lines.append(head + " %9.3f %6.1f%% %8.1f %8s %9s  %s" % (
+        lines.append(head + " %9.3f %6.1f%% %8.1f %8s%s %9s  %s" % (
             r["median_ms"], r["spread_pct"], r["tflops"],
-            "%.2fx" % (f / r["median_ms"]) if f else "-",
+            "%.2fx" % (f / r["median_ms"]) if f else "-", energy_cell(r) if energy else "",
             "%.1e" % r["max_abs"] if r.get("checked") and r.get("max_abs") is not None else "-",
             ("ok" if r["passed"] else "FAIL") if r.get("checked") else "not checked"))
     return "\n".join(lines)
 
 
-def decode_table(rows, copy_gbps):
+def decode_table(rows, copy_gbps, energy=False):
     """The decode sweep's rows as a text table: time, TFLOP/s, GB/s of K and V and its share of
-    the copy ceiling, the speed ratio to FLASH."""
+    the copy ceiling, the speed ratio to FLASH (and, with --energy, the energy per call)."""
     lines = ["copy ceiling: %.0f GB/s (device-to-device, bytes read + written / time)" % copy_gbps,
-             "%-15s %3s %2s %-6s %3s %7s %6s %4s %9s %7s %8s %7s %6s %8s  %s" % (
+             "%-15s %3s %2s %-6s %3s %7s %6s %4s %9s %7s %8s %7s %6s %8s%s  %s" % (
                  "impl", "dir", "Nq", "mask", "B", "Nk", "H/kv", "d", "ms", "spread", "TFLOP/s",
-                 "GB/s", "%copy", "vs FLASH", "check")]
+                 "GB/s", "%copy", "vs FLASH", " %9s" % "mJ/call" if energy else "", "check")]
     flash = {key_of(r): r["median_ms"] for r in rows if r["impl"] == FLASH and not r.get("error")}
     for r in rows:
         head = "%-15s %3s %2d %-6s %3d %7d %6s %4d" % (
@@ -800,10 +986,10 @@ def decode_table(rows, copy_gbps):
             lines.append(head + "  error: " + r["error"])
             continue
         f = flash.get(key_of(r))
-        lines.append(head + " %9.4f %6.1f%% %8.2f %7.0f %6s %8s  %s" % (
+        lines.append(head + " %9.4f %6.1f%% %8.2f %7.0f %6s %8s%s  %s" % (
             r["median_ms"], r["spread_pct"], r["tflops"], r.get("gbps", 0),
             "%.1f" % r["pct_copy"] if "pct_copy" in r else "-",
-            "%.2fx" % (f / r["median_ms"]) if f else "-",
+            "%.2fx" % (f / r["median_ms"]) if f else "-", energy_cell(r) if energy else "",
             ("ok" if r["passed"] else "FAIL") if r.get("checked") else "not checked"))
     return "\n".join(lines)
 
@@ -930,6 +1116,15 @@ def main(argv=None):
                                   "median of the repeats after the warm-up, pooled over the "
                                   "rounds (every other round in reverse order)"},
            "complete": False, "results": []}
+    if args.energy:  # only then: without --energy the JSON is what it was before the flag
+        args.meter = EnergyMeter(torch, args.device)
+        doc["settings"]["energy"] = {
+            "energy_ms": args.energy_ms,
+            "counter": args.meter.describe(),
+            "method": "counter read before a cell's timed calls are queued and after the last "
+                      "synchronize, calls run after the timed ones until energy_ms have passed; "
+                      "energy_mj_per_call = energy / energy_calls, power_w = energy / wall "
+                      "time; pooled over the rounds as the medians (round_energy_mj)"}
     if args.decode:
         if args.device == "cuda" and args.rotate:
             prop = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -949,6 +1144,8 @@ def main(argv=None):
         sys.stderr.write("compare.py: copy ceiling %.0f GB/s\n" % args.copy_gbps)
 
     def save():
+        if args.meter is not None and args.meter.error:  # why the rows have null
+            doc["settings"]["energy"]["error"] = args.meter.error
         write_json(out, doc)
         if copy:
             write_json(copy, doc)
@@ -971,8 +1168,8 @@ def main(argv=None):
         save()
     progress.end()
     doc["complete"] = True
-    text = (decode_table(doc["results"], args.copy_gbps) if args.decode
-            else table(doc["results"]))
+    text = (decode_table(doc["results"], args.copy_gbps, args.energy) if args.decode
+            else table(doc["results"], args.energy))
     bad = [r for r in doc["results"] if r["kind"] == "step" and
            (r["error"] or (r["checked"] and not r["passed"]))]
     summary = "compare.py: %d rows, %d step rows failed or errored -> %s" % (

@@ -15,6 +15,7 @@ def test_command_names_the_shared_memory_limit(monkeypatch):
     monkeypatch.setattr(sys, "argv", [script, "--quick"])
     monkeypatch.delenv("FA_SMEM_LIMIT", raising=False)
     monkeypatch.delenv("FA_NUM_SPLITS", raising=False)
+    monkeypatch.delenv("FA_BWD_TAIL_SPLIT", raising=False)
     assert compare.run_info()["command"] == "python3 common/python/compare.py --quick"
     monkeypatch.setenv("FA_SMEM_LIMIT", "101376")
     assert (compare.run_info()["command"]
@@ -26,8 +27,12 @@ def test_command_names_the_split_count(monkeypatch):
     monkeypatch.setattr(sys, "argv", [script, "--decode"])
     monkeypatch.delenv("FA_SMEM_LIMIT", raising=False)
     monkeypatch.setenv("FA_NUM_SPLITS", "4")
+    monkeypatch.delenv("FA_BWD_TAIL_SPLIT", raising=False)
     assert (compare.run_info()["command"]
             == "FA_NUM_SPLITS=4 python3 common/python/compare.py --decode")
+    monkeypatch.setenv("FA_BWD_TAIL_SPLIT", "0")  # 07_backward's split of the last wave
+    assert (compare.run_info()["command"]
+            == "FA_NUM_SPLITS=4 FA_BWD_TAIL_SPLIT=0 python3 common/python/compare.py --decode")
 
 
 def test_decode_rotation_covers_four_l2_caches():

@@ -1,4 +1,5 @@
-# fa_add_step(<name> [ARCH <arch>] [SMEM_LIMITS <bytes>...]): turns the step folder that calls
+# fa_add_step(<name> [ARCH <arch>] [SMEM_LIMITS <bytes>...] [ENVS <VAR=value>...]): turns the
+# step folder that calls
 # it into
 #   - a static library fa_step_<name> built from kernel.cu, linked into libfa,
 #   - a runner program <name> (common/src/tools/runner_main.cpp),
@@ -14,9 +15,12 @@
 # gets; gpu.smem_limit.<name> checks that a limit too small for any shape is refused
 # with a clear error, so that the limited runs cannot silently run the large shapes, and
 # gpu.smem_limit_invalid.<name> that a malformed value is an error, not ignored.
+# ENVS is for a step's knobs that change which kernels run (e.g. 07's FA_BWD_TAIL_SPLIT=4, its
+# last-wave split forced at the suite's small shapes): per setting, the conformance suite runs
+# again under it, as gpu.conformance.<name>.<VAR>_<value>.
 # The C API finds the step through a generated table (fa_write_registry below).
 function(fa_add_step name)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "ARCH" "SMEM_LIMITS")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "ARCH" "SMEM_LIMITS;ENVS")
   string(MAKE_C_IDENTIFIER "fa_step_${name}" symbol)
   set(lib fa_step_${name})
   add_library(${lib} STATIC ${CMAKE_CURRENT_SOURCE_DIR}/kernel.cu)
@@ -46,6 +50,13 @@ function(fa_add_step name)
       set_tests_properties(gpu.conformance.${name}.smem_${limit} PROPERTIES LABELS gpu
                            SKIP_REGULAR_EXPRESSION "No CUDA device"
                            ENVIRONMENT "FA_SMEM_LIMIT=${limit}")
+    endforeach()
+    foreach(setting IN LISTS arg_ENVS)
+      string(MAKE_C_IDENTIFIER "${setting}" tag)
+      add_test(NAME gpu.conformance.${name}.${tag}
+               COMMAND fa_gpu_tests --gtest_filter=*/${name}*:*.${name}*)
+      set_tests_properties(gpu.conformance.${name}.${tag} PROPERTIES LABELS gpu
+                           SKIP_REGULAR_EXPRESSION "No CUDA device" ENVIRONMENT "${setting}")
     endforeach()
     if(arg_SMEM_LIMITS)
       fa_add_smem_limit_check(gpu.smem_limit.${name} ${name} 1024

@@ -23,7 +23,7 @@ sys.path.insert(0, HERE)
 
 import flash_steps as fs  # noqa: E402
 from flash_steps import autograd  # noqa: E402
-from attention_reference import HAVE_LIB, install_stand_in, reference  # noqa: E402
+from attention_reference import install_stand_in, reference  # noqa: E402
 
 @pytest.fixture
 def stand_in(monkeypatch):
@@ -77,8 +77,7 @@ def test_output_and_gradients_in_the_callers_layout(stand_in, layout, causal, dt
     kinds = [c[0] for c in stand_in.calls]
     assert kinds == ["forward", "backward"]
     assert stand_in.calls[0][1] == fs.DEFAULT_STEP
-    assert stand_in.calls[1][1] == (fs.backward_step_for(fs.DEFAULT_STEP) if HAVE_LIB
-                                    else "07_backward")
+    assert stand_in.calls[1][1] == autograd.backward_step_for(fs.DEFAULT_STEP)
 
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])

@@ -83,7 +83,9 @@ def test_energy_per_call_and_power_from_the_counter(tmp_path, monkeypatch, capsy
         assert len(r["round_energy_mj"]) == 2 and None not in r["round_energy_mj"], r
         assert r["energy_mj_per_call"] == pytest.approx(
             0.5 * sum(r["round_energy_mj"]), rel=1e-9)  # median of two rounds
-        assert r["energy_calls"] > 2 * 3, r
+        assert r["energy_calls"] >= 2 * 3, r
+        if 3 * max(r["round_ms"]) < 0.5 * 30:  # 3 timed calls far short of 30 ms: more calls ran
+            assert r["energy_calls"] > 2 * 3, r
         assert math.isclose(r["power_w"], WATTS, rel_tol=0.02), r
     for r in steps:
         # A call spends at least the power times its own time; the gaps between calls (on a

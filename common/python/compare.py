@@ -88,6 +88,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -514,16 +515,10 @@ def energy_of(torch, fn, device, meter, e0, t0, calls, call_ms, energy_ms):
             "energy_calls": calls}
 
 
-def median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
-
-
 def timing_of(ms):
     """Median, min, max and spread of timed runs (ms), and the sorted runs as "samples"."""
     ms = sorted(ms)
-    mid = median(ms)
+    mid = statistics.median(ms)
     return {"median_ms": mid, "min_ms": ms[0], "max_ms": ms[-1], "repeats": len(ms),
             "spread_pct": 100.0 * (ms[-1] - ms[0]) / mid if mid > 0 else 0.0,
             "samples": ms}
@@ -541,9 +536,9 @@ def pool_rounds(timings):
     if "energy_mj_per_call" in timings[0]:
         known = [t for t in timings if t["energy_mj_per_call"] is not None]
         powers = [t["power_w"] for t in known if t["power_w"] is not None]
-        pooled["energy_mj_per_call"] = (median([t["energy_mj_per_call"] for t in known])
-                                        if known else None)
-        pooled["power_w"] = median(powers) if powers else None
+        pooled["energy_mj_per_call"] = (
+            statistics.median([t["energy_mj_per_call"] for t in known]) if known else None)
+        pooled["power_w"] = statistics.median(powers) if powers else None
         pooled["energy_calls"] = sum(t["energy_calls"] for t in known)
         pooled["round_energy_mj"] = [t["energy_mj_per_call"] for t in timings]
     return pooled

@@ -11,7 +11,8 @@
 ///   writes \f$O = 0\f$ and \f$L = +\infty\f$ at once.
 /// - The work order this calls for: the last Q blocks of a head do the most work (since step
 ///   02 skips the blocks above the diagonal), and step 05's grid starts them last; here the
-///   grid starts them first, in groups of heads (launch()).
+///   grid starts them first, in groups of heads; where a group's K and V overflow the L2, in
+///   smaller groups, with every head's shortest Q blocks last (launch()).
 ///
 /// Everything else is step 05, with its two riders fixed on (the 128-row Q block and the
 /// skipped o_acc rescale).
@@ -264,6 +265,18 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS]
     }
 }
 
+/// The K/V blocks the Q block of rows [q_start, q_start + kBlockM) computes: all, or under
+/// causal masking those up to the one that holds its last row's last key, \f$i + N_k - N_q\f$
+/// (the rest are entirely masked). None (<= 0) if it sees no key at all (N_q > N_k).
+template <class Tr>
+__device__ __forceinline__ int kv_blocks_seen(const fa_fwd_args& args, int q_start) {
+  const int n_blocks = (args.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  if (!args.causal) return n_blocks;
+  const int last_key =
+      min(q_start + Tr::kBlockM, args.seqlen_q) - 1 + args.seqlen_k - args.seqlen_q;
+  return min(n_blocks, (last_key + Tr::kBlockN) / Tr::kBlockN);
+}
+
 /// The online softmax of FlashAttention-2 for one K/V block, per row i of this warp:
 /// \f[ m_i^{new} = \max(m_i, \max_j S_{ij}),\quad
 ///     \ell_i \leftarrow e^{c (m_i - m_i^{new})} \ell_i + \sum_j P_{ij},\quad
@@ -441,10 +454,11 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
 /// K and V have one shared-memory stage each, loaded in turn: after the barrier at the top of
 /// block j the thread block starts loading \f$V_j\f$ (it lands during \f$S_j\f$), after a
 /// second barrier \f$K_{j+1}\f$ (it lands during the softmax and \f$P_j V_j\f$).
-/// `group_pairs` sets the order of the thread blocks (see launch()).
+/// `group_pairs` and `tail_rows` set the order of the thread blocks (see launch()).
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
-    flash_forward_kernel(const fa_fwd_args args, const float scale_log2, const int group_pairs) {
+    flash_forward_kernel(const fa_fwd_args args, const float scale_log2, const int group_pairs,
+                         const int tail_rows) {
   using Tr = Traits<kHeadDim>;
   extern __shared__ __align__(128) char smem[];
   char* const q_tile = smem;
@@ -454,11 +468,15 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
   // Which (q_block, head, batch) this thread block computes, in the order launch() explains.
   const int num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   const int num_pairs = args.batch * args.heads;
-  const int group = blockIdx.x / (group_pairs * num_q_blocks);
-  const int in_group = blockIdx.x - group * group_pairs * num_q_blocks;
-  const int pairs_in_group = min(group_pairs, num_pairs - group * group_pairs);
-  const int q_block = num_q_blocks - 1 - in_group / pairs_in_group;  // last Q blocks first
-  const int pair = group * group_pairs + in_group % pairs_in_group;
+  const int tail_start = (num_q_blocks - tail_rows) * num_pairs;  // then Q blocks [0, tail_rows)
+  const bool tail = blockIdx.x >= tail_start;                     // of all pairs in one group
+  const int idx = blockIdx.x - (tail ? tail_start : 0), gp = tail ? num_pairs : group_pairs;
+  const int rows = tail ? tail_rows : num_q_blocks - tail_rows;  // Q blocks of a pair in a group
+  const int group = idx / (gp * rows);
+  const int in_group = idx - group * gp * rows;
+  const int pairs_in_group = min(gp, num_pairs - group * gp);
+  const int q_block = (tail ? tail_rows : num_q_blocks) - 1 - in_group / pairs_in_group;
+  const int pair = group * gp + in_group % pairs_in_group;
   const int head = pair % args.heads;
   const int batch = pair / args.heads;
   const int head_kv = head / (args.heads / args.heads_kv);
@@ -493,14 +511,8 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
     }
   }
 
-  int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
-  // Under causal masking the block's last row sees keys [0, last_key]: the blocks past the
-  // one that holds last_key are entirely masked, so the loop stops there.
+  const int n_blocks = kv_blocks_seen<Tr>(args, q_start);
   const int first_masked_key = q_start + seqlen_k - seqlen_q + 1;  // first row's key_end
-  if (args.causal) {
-    const int last_key = min(q_start + Tr::kBlockM, seqlen_q) - 1 + seqlen_k - seqlen_q;
-    n_blocks = min(n_blocks, (last_key + Tr::kBlockN) / Tr::kBlockN);  // <= 0: no key
-  }
   if (n_blocks <= 0) {  // sees no key at all (N_q > N_k): O = 0, L = +inf, nothing loaded
     store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, q_tile, args, batch, head, q_start, warp_row0,
                            tid);
@@ -557,6 +569,9 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 /// to balance the SMs, and no more pairs than that, so that the thread blocks that read the
 /// same K and V run at the same time and share them in L2. Without causal masking every
 /// thread block has the same work and a group is one pair: one head's Q blocks run together.
+/// Where a group's K and V overflow the L2 and fewer than 4 Q blocks of a pair are resident at
+/// once (README.md), a group holds only the pairs whose K and V fit in half the L2, and the
+/// first `tail_rows` Q blocks of every pair (2 waves or more) run last, in one group.
 template <typename T, int kHeadDim>
 fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   using Tr = Traits<kHeadDim>;
@@ -569,22 +584,28 @@ fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   const int64_t num_pairs = static_cast<int64_t>(args.batch) * args.heads;
   if (num_q_blocks * num_pairs > INT32_MAX)
     return fa::set_error(FA_ERR_UNSUPPORTED, "%s: more than 2^31 - 1 thread blocks", FA_STEP_NAME);
-  int64_t group_pairs = 1;
+  int64_t group_pairs = 1, tail_rows = 0;
   if (args.causal) {
-    int device = 0, num_sms = 0, blocks_per_sm = 0;
+    int device = 0, num_sms = 0, blocks_per_sm = 0, l2_bytes = 0;
     FA_CUDA_TRY(cudaGetDevice(&device));
     FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    FA_CUDA_TRY(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
     FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
                                                               Tr::kNumThreads, Tr::kSmemBytes));
     const int64_t resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
     const int64_t num_groups = std::max<int64_t>(1, num_q_blocks * num_pairs / (4 * resident));
     group_pairs = (num_pairs + num_groups - 1) / num_groups;
+    const int64_t kv_bytes = int64_t{4} * args.seqlen_k * args.head_dim;  // K and V of a pair
+    if (4 * group_pairs > resident && group_pairs * kv_bytes > l2_bytes) {
+      tail_rows = std::min(num_q_blocks, (2 * resident + num_pairs - 1) / num_pairs);
+      group_pairs = std::max<int64_t>(1, std::min(group_pairs, l2_bytes / (2 * kv_bytes)));
+    }
   }
   const dim3 grid(static_cast<unsigned>(num_q_blocks * num_pairs));
   constexpr double kLog2e = 1.4426950408889634;
   const float scale_log2 = static_cast<float>(args.scale * kLog2e);
-  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2,
-                                                            static_cast<int>(group_pairs));
+  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
+      args, scale_log2, static_cast<int>(group_pairs), static_cast<int>(tail_rows));
   FA_LAUNCH_TRY();
   return FA_OK;
 }

@@ -23,7 +23,9 @@
 /// - The last-wave split (TailSplit, plan_tail_split): without the mask every kv_block takes
 ///   as long, so the grid's last partial wave would run on a few SMs while the others idle;
 ///   its kv_blocks run instead as several thread blocks each, over shares of the q_blocks, in
-///   a kernel instance of their own launched after the main kernel's whole waves.
+///   a kernel instance of their own launched after the main kernel's whole waves. In
+///   deterministic mode too, where no part can wait for one that cannot start
+///   (det_tail_max_parts): each part takes and passes the turns of its own q_blocks.
 ///
 /// Run: `./build/bin/07_backward --backward --seqlen 4096 --head-dim 128`
 #include <cuda_bf16.h>
@@ -35,6 +37,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
+#include <vector>
 
 #include "fa/api.h"
 #include "fa/check.cuh"
@@ -278,6 +281,18 @@ __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS]
     }
 }
 
+/// The K/V blocks the Q block of rows [q_start, q_start + kBlockM) computes: all, or under
+/// causal masking those up to the one that holds its last row's last key, \f$i + N_k - N_q\f$
+/// (the rest are entirely masked). None (<= 0) if it sees no key at all (N_q > N_k).
+template <class Tr>
+__device__ __forceinline__ int kv_blocks_seen(const fa_fwd_args& args, int q_start) {
+  const int n_blocks = (args.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  if (!args.causal) return n_blocks;
+  const int last_key =
+      min(q_start + Tr::kBlockM, args.seqlen_q) - 1 + args.seqlen_k - args.seqlen_q;
+  return min(n_blocks, (last_key + Tr::kBlockN) / Tr::kBlockN);
+}
+
 /// The online softmax of FlashAttention-2 for one K/V block, per row i of this warp:
 /// \f[ m_i^{new} = \max(m_i, \max_j S_{ij}),\quad
 ///     \ell_i \leftarrow e^{c (m_i - m_i^{new})} \ell_i + \sum_j P_{ij},\quad
@@ -455,10 +470,11 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
 /// K and V have one shared-memory stage each, loaded in turn: after the barrier at the top of
 /// block j the thread block starts loading \f$V_j\f$ (it lands during \f$S_j\f$), after a
 /// second barrier \f$K_{j+1}\f$ (it lands during the softmax and \f$P_j V_j\f$).
-/// `group_pairs` sets the order of the thread blocks (see launch()).
+/// `group_pairs` and `tail_rows` set the order of the thread blocks (see launch()).
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
-    flash_forward_kernel(const fa_fwd_args args, const float scale_log2, const int group_pairs) {
+    flash_forward_kernel(const fa_fwd_args args, const float scale_log2, const int group_pairs,
+                         const int tail_rows) {
   using Tr = Traits<kHeadDim>;
   extern __shared__ __align__(128) char smem[];
   char* const q_tile = smem;
@@ -468,11 +484,15 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
   // Which (q_block, head, batch) this thread block computes, in the order launch() explains.
   const int num_q_blocks = (args.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   const int num_pairs = args.batch * args.heads;
-  const int group = blockIdx.x / (group_pairs * num_q_blocks);
-  const int in_group = blockIdx.x - group * group_pairs * num_q_blocks;
-  const int pairs_in_group = min(group_pairs, num_pairs - group * group_pairs);
-  const int q_block = num_q_blocks - 1 - in_group / pairs_in_group;  // last Q blocks first
-  const int pair = group * group_pairs + in_group % pairs_in_group;
+  const int tail_start = (num_q_blocks - tail_rows) * num_pairs;  // then Q blocks [0, tail_rows)
+  const bool tail = blockIdx.x >= tail_start;                     // of all pairs in one group
+  const int idx = blockIdx.x - (tail ? tail_start : 0), gp = tail ? num_pairs : group_pairs;
+  const int rows = tail ? tail_rows : num_q_blocks - tail_rows;  // Q blocks of a pair in a group
+  const int group = idx / (gp * rows);
+  const int in_group = idx - group * gp * rows;
+  const int pairs_in_group = min(gp, num_pairs - group * gp);
+  const int q_block = (tail ? tail_rows : num_q_blocks) - 1 - in_group / pairs_in_group;
+  const int pair = group * gp + in_group % pairs_in_group;
   const int head = pair % args.heads;
   const int batch = pair / args.heads;
   const int head_kv = head / (args.heads / args.heads_kv);
@@ -507,14 +527,8 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
     }
   }
 
-  int n_blocks = (seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
-  // Under causal masking the block's last row sees keys [0, last_key]: the blocks past the
-  // one that holds last_key are entirely masked, so the loop stops there.
+  const int n_blocks = kv_blocks_seen<Tr>(args, q_start);
   const int first_masked_key = q_start + seqlen_k - seqlen_q + 1;  // first row's key_end
-  if (args.causal) {
-    const int last_key = min(q_start + Tr::kBlockM, seqlen_q) - 1 + seqlen_k - seqlen_q;
-    n_blocks = min(n_blocks, (last_key + Tr::kBlockN) / Tr::kBlockN);  // <= 0: no key
-  }
   if (n_blocks <= 0) {  // sees no key at all (N_q > N_k): O = 0, L = +inf, nothing loaded
     store_o_and_lse<Tr, T>(o_acc, row_max, row_sum, q_tile, args, batch, head, q_start, warp_row0,
                            tid);
@@ -571,6 +585,9 @@ __global__ void __launch_bounds__(Traits<kHeadDim>::kNumThreads)
 /// to balance the SMs, and no more pairs than that, so that the thread blocks that read the
 /// same K and V run at the same time and share them in L2. Without causal masking every
 /// thread block has the same work and a group is one pair: one head's Q blocks run together.
+/// Where a group's K and V overflow the L2 and fewer than 4 Q blocks of a pair are resident at
+/// once (README.md), a group holds only the pairs whose K and V fit in half the L2, and the
+/// first `tail_rows` Q blocks of every pair (2 waves or more) run last, in one group.
 template <typename T, int kHeadDim>
 fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   using Tr = Traits<kHeadDim>;
@@ -583,22 +600,28 @@ fa_status launch(const fa_fwd_args& args, cudaStream_t stream) {
   const int64_t num_pairs = static_cast<int64_t>(args.batch) * args.heads;
   if (num_q_blocks * num_pairs > INT32_MAX)
     return fa::set_error(FA_ERR_UNSUPPORTED, "%s: more than 2^31 - 1 thread blocks", FA_STEP_NAME);
-  int64_t group_pairs = 1;
+  int64_t group_pairs = 1, tail_rows = 0;
   if (args.causal) {
-    int device = 0, num_sms = 0, blocks_per_sm = 0;
+    int device = 0, num_sms = 0, blocks_per_sm = 0, l2_bytes = 0;
     FA_CUDA_TRY(cudaGetDevice(&device));
     FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    FA_CUDA_TRY(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
     FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
                                                               Tr::kNumThreads, Tr::kSmemBytes));
     const int64_t resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
     const int64_t num_groups = std::max<int64_t>(1, num_q_blocks * num_pairs / (4 * resident));
     group_pairs = (num_pairs + num_groups - 1) / num_groups;
+    const int64_t kv_bytes = int64_t{4} * args.seqlen_k * args.head_dim;  // K and V of a pair
+    if (4 * group_pairs > resident && group_pairs * kv_bytes > l2_bytes) {
+      tail_rows = std::min(num_q_blocks, (2 * resident + num_pairs - 1) / num_pairs);
+      group_pairs = std::max<int64_t>(1, std::min(group_pairs, l2_bytes / (2 * kv_bytes)));
+    }
   }
   const dim3 grid(static_cast<unsigned>(num_q_blocks * num_pairs));
   constexpr double kLog2e = 1.4426950408889634;
   const float scale_log2 = static_cast<float>(args.scale * kLog2e);
-  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2,
-                                                            static_cast<int>(group_pairs));
+  kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
+      args, scale_log2, static_cast<int>(group_pairs), static_cast<int>(tail_rows));
   FA_LAUNCH_TRY();
   return FA_OK;
 }
@@ -1268,8 +1291,10 @@ constexpr int kDqStageBarrier = 1;
 /// and so on. The launcher numbers the blocks so that block 0 has the most work (the longest
 /// thread blocks start first and the short ones fill the tail of the grid); with
 /// `group_pairs` = 1 a pair's blocks simply run in order. `index`: the place in that order.
-__device__ __forceinline__ void decode_block_order(unsigned index, int num_blocks, int num_pairs,
-                                                   int group_pairs, int& block, int& pair) {
+/// (On the host too: det_tail_max_parts reads the order.)
+__host__ __device__ __forceinline__ void decode_block_order(unsigned index, int num_blocks,
+                                                            int num_pairs, int group_pairs,
+                                                            int& block, int& pair) {
   const int group = index / (group_pairs * num_blocks);
   const int in_group = index - group * group_pairs * num_blocks;
   const int pairs_in_group = min(group_pairs, num_pairs - group * group_pairs);
@@ -1280,14 +1305,16 @@ __device__ __forceinline__ void decode_block_order(unsigned index, int num_block
 /// The most thread blocks one kv_block of the tail split takes (TailSplit).
 constexpr int kMaxTailParts = 8;
 
-/// The split of the grid's last partial wave (no causal mask, not deterministic, large shapes:
-/// plan_tail_split). Without the mask every kv_block takes as long, so the last `count`
-/// kv_blocks of the order (total % resident) would run on a few SMs while the others idle.
-/// The main kernel runs the `first` kv_blocks before them (whole waves); a second launch, the
-/// kTailSplit instance, runs each of the `count` as `parts` thread blocks side by side: part p
-/// walks a contiguous share of the (query head, q_block) iterations, stores its fp32 dV and
-/// scale * dK, and the last part to finish sums the parts' in part order (finish_tail_parts).
-/// Only that instance reads it: the main kernel's parameters stay 07's.
+/// The split of the grid's last partial wave (no causal mask, large shapes: plan_tail_split;
+/// in deterministic mode where det_tail_max_parts allows it). Without the mask every kv_block
+/// takes as long, so the last `count` kv_blocks of the order (total % resident) would run on a
+/// few SMs while the others idle. The main kernel runs the `first` kv_blocks before them (whole
+/// waves); a second launch, the kTailSplit instance, runs each of the `count` as `parts` thread
+/// blocks side by side: part p walks a contiguous share of the (query head, q_block)
+/// iterations, stores its fp32 dV and scale * dK, and the last part to finish sums the parts'
+/// in part order (finish_tail_parts). In deterministic mode part p takes and passes the dQ
+/// turns of kv_block j on the q_blocks of its share, as the unsplit kv_block would. Only that
+/// instance reads it: the main kernel's parameters stay 07's.
 struct TailSplit {
   int first;        ///< the kv_blocks of the main kernel, in order; the split ones follow
   int count;        ///< the split kv_blocks
@@ -1960,6 +1987,14 @@ __device__ __forceinline__ void store_tail_part(
                            dk_stride, valid_rows, tid);
 }
 
+/// The q_block of iteration `it` of a kv_block's walk without the mask (the split tail's
+/// parts start there): query head it / n_q_blocks of the group, its q_blocks in order or, in
+/// deterministic mode (kOrderedDq), from the last one down, as dk_dv_block walks them.
+template <bool kOrderedDq>
+__device__ __forceinline__ int tail_q_block(int it, int n_q_blocks) {
+  return kOrderedDq ? n_q_blocks - 1 - it % n_q_blocks : it % n_q_blocks;
+}
+
 /// Main backward kernel: one thread block per (kv_block j, kv head, batch), in the order of
 /// decode_block_order (under causal masking the kv_blocks that meet the most q_blocks first).
 /// The loop order of the forward flips: K_j and V_j stay in shared memory and \f$dK_j\f$,
@@ -1977,17 +2012,18 @@ __device__ __forceinline__ void store_tail_part(
 /// (kOrderedDq) the dQ adds of each q_block go in kv_block order (DqTurn, counters in
 /// `dq_counters`) and each head's q_blocks are walked from the last one down, so that the
 /// kv_blocks of a head, resident together, reach a q_block in that order too. The kernels
-/// below (bwd_dk_dv_kernel, bwd_dk_dv_tail_kernel) are this body; with kTailSplit (no mask,
-/// not deterministic) the thread block is part blockIdx.x % tail.parts of split kv_block
-/// blockIdx.x / tail.parts (TailSplit), walks its share of the iterations and ends in
-/// finish_tail_parts. Every piece of the split is behind `if constexpr`: without it the body
-/// is 07's, instruction for instruction.
+/// below (bwd_dk_dv_kernel, bwd_dk_dv_tail_kernel) are this body; with kTailSplit (no mask)
+/// the thread block is part blockIdx.x % tail.parts of split kv_block
+/// blockIdx.x / tail.parts (TailSplit), walks its share of the iterations (tail_q_block) and
+/// ends in finish_tail_parts; with kOrderedDq too, it takes and passes the turns of the
+/// q_blocks of its share only, each once, as the unsplit kv_block does (its first turn in
+/// take_dq_turn, its last in pass_last_dq_turn). Every piece of the split is behind
+/// `if constexpr`: without it the body is 07's, instruction for instruction.
 template <typename T, int kHeadDim, bool kLargeSmem, bool kOrderedDq, bool kTailSplit>
 __device__ __forceinline__ void dk_dv_block(const fa_bwd_args& args, float* dq_accum,
                                             int* dq_counters, const float* lse_log2,
                                             const float* d_row, int seqlen_q_pad, float scale_log2,
                                             int group_pairs, const TailSplit& tail) {
-  static_assert(!(kTailSplit && kOrderedDq), "deterministic mode never splits");
   using Tr = BwdTraits<kHeadDim, kLargeSmem>;
   extern __shared__ __align__(128) char smem[];
   const fa_fwd_args& f = args.fwd;
@@ -2049,8 +2085,8 @@ __device__ __forceinline__ void dk_dv_block(const fa_bwd_args& args, float* dq_a
   if (n_iters > 0) {
     if constexpr (kTailSplit)
       load_q_block<Tr, T>(args, b, lse_log2, d_row, seqlen_q_pad,
-                          b.head_kv * group_size + it_begin / n_q_blocks, it_begin % n_q_blocks, 0,
-                          true, true);
+                          b.head_kv * group_size + it_begin / n_q_blocks,
+                          tail_q_block<kOrderedDq>(it_begin, n_q_blocks), 0, true, true);
     else
       load_q_block<Tr, T>(args, b, lse_log2, d_row, seqlen_q_pad, b.head_kv * group_size,
                           first_q_block, 0, true, true);
@@ -2066,7 +2102,8 @@ __device__ __forceinline__ void dk_dv_block(const fa_bwd_args& args, float* dq_a
   // Iteration it visits (query head, q_block) = (head, q_block): the q_blocks of one head,
   // then the next head of the group (counters, not it / m_count: no integer division).
   int head = b.head_kv * group_size, q_block = first_q_block;
-  if constexpr (kTailSplit) head += it_begin / n_q_blocks, q_block = it_begin % n_q_blocks;
+  if constexpr (kTailSplit)
+    head += it_begin / n_q_blocks, q_block = tail_q_block<kOrderedDq>(it_begin, n_q_blocks);
   for (int it = 0; it < n_iters; ++it) {
     const int buf = it & 1;
     int next_head = head, next_q_block = q_block + q_step;
@@ -2137,14 +2174,17 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, kLargeSmem>::kNumThreads, 
 }
 
 /// The split tail (TailSplit): tail.count x tail.parts thread blocks of dk_dv_block, launched
-/// after the main kernel's tail.first kv_blocks (large shapes, no mask, not deterministic).
-template <typename T, int kHeadDim>
+/// after the main kernel's tail.first kv_blocks (large shapes, no mask). In deterministic mode
+/// (kOrderedDq) its parts take dQ turns on `dq_counters`, the last parameter (the default
+/// instance does not read it: its parameters up to `tail` are x07_tail2's).
+template <typename T, int kHeadDim, bool kOrderedDq>
 __global__ void __launch_bounds__(BwdTraits<kHeadDim, true>::kNumThreads, 1)
     bwd_dk_dv_tail_kernel(const fa_bwd_args args, float* dq_accum, const float* lse_log2,
                           const float* d_row, int seqlen_q_pad, float scale_log2, int group_pairs,
-                          const TailSplit tail) {
-  dk_dv_block<T, kHeadDim, true, false, true>(args, dq_accum, nullptr, lse_log2, d_row,
-                                              seqlen_q_pad, scale_log2, group_pairs, tail);
+                          const TailSplit tail, int* dq_counters) {
+  dk_dv_block<T, kHeadDim, true, kOrderedDq, true>(
+      args, dq_accum, kOrderedDq ? dq_counters : nullptr, lse_log2, d_row, seqlen_q_pad, scale_log2,
+      group_pairs, tail);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -2210,6 +2250,18 @@ fa_status set_smem(Kernel kernel, int bytes, const char* name) {
   return FA_OK;
 }
 
+/// How many thread blocks of `kernel` the GPU holds at once: SMs x blocks per SM (at least 1).
+template <typename Kernel>
+fa_status resident_blocks(Kernel kernel, int threads, int smem_bytes, int64_t* resident) {
+  int device = 0, num_sms = 0, blocks_per_sm = 0;
+  FA_CUDA_TRY(cudaGetDevice(&device));
+  FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  FA_CUDA_TRY(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem_bytes));
+  *resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
+  return FA_OK;
+}
+
 /// The one-dimensional grid of `num_blocks` thread blocks for each of `num_pairs` (batch,
 /// head) pairs, and the group size decode_block_order reads. With `group_waves` > 0 a group
 /// holds at least that many waves of resident thread blocks, enough for the longest-first
@@ -2225,12 +2277,9 @@ fa_status block_order(Kernel kernel, int threads, int smem_bytes, int64_t num_bl
     return fa::set_error(FA_ERR_UNSUPPORTED, "07_backward: more than 2^31 - 1 thread blocks");
   int64_t pairs = group_waves == 0 ? num_pairs : 1;
   if (group_waves > 0) {
-    int device = 0, num_sms = 0, blocks_per_sm = 0;
-    FA_CUDA_TRY(cudaGetDevice(&device));
-    FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-    FA_CUDA_TRY(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem_bytes));
-    const int64_t resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
+    int64_t resident = 0;
+    const fa_status status = resident_blocks(kernel, threads, smem_bytes, &resident);
+    if (status != FA_OK) return status;
     const int64_t num_groups =
         std::max<int64_t>(1, num_blocks * num_pairs / (group_waves * resident));
     pairs = (num_pairs + num_groups - 1) / num_groups;
@@ -2261,11 +2310,13 @@ constexpr int kTailPartCost = 1;
 /// at least 2 iterations per part and at most kMaxTailPartialBytes of partials
 /// (`partial_bytes`: one part's); the shortest wins, the fewest parts on a tie, and only if it
 /// saves a quarter of a wave or more (the second launch and the partials' traffic are not in
-/// the model).
-int tail_split_parts(int64_t tail, int64_t resident, int64_t n_iters, int64_t partial_bytes) {
+/// the model). `max_parts`: deterministic mode's bound (det_tail_max_parts).
+int tail_split_parts(int64_t tail, int64_t resident, int64_t n_iters, int64_t partial_bytes,
+                     int max_parts) {
   int best = 1;
   int64_t best_time = n_iters;
-  for (int parts = 2; parts <= kMaxTailParts && 2 * parts <= n_iters; ++parts) {
+  for (int parts = 2; parts <= std::min(kMaxTailParts, max_parts) && 2 * parts <= n_iters;
+       ++parts) {
     if (tail * parts * partial_bytes > kMaxTailPartialBytes) break;
     const int64_t rounds = (tail * parts + resident - 1) / resident;
     const int64_t time = rounds * ((n_iters + parts - 1) / parts + kTailPartCost);
@@ -2274,11 +2325,66 @@ int tail_split_parts(int64_t tail, int64_t resident, int64_t n_iters, int64_t pa
   return 4 * (n_iters - best_time) >= n_iters ? best : 1;
 }
 
+/// Deterministic mode: the most parts each of the `count` kv_blocks of the tail (the last of
+/// the order, [first, first + count)) may take so that no part waits for one that cannot run:
+/// kMaxTailParts where no part waits at all.
+/// - The tail kernel starts once the main kernel has completed (same stream): every turn of a
+///   kv_block of the main kernel has been passed on.
+/// - The order (decode_block_order) numbers a pair's kv_blocks in kv_block order, so the tail
+///   holds a suffix of each pair's. The main kernel never waits for the tail, and a pair's
+///   first kv_block in the tail finds every counter of its q_blocks at its rank: never waits.
+/// - Part p of a later one, kv_block j, waits only for part p of kv_block j - 1 (the turns of
+///   the same q_blocks: without the mask a pair's kv_blocks have the same iterations, cut at
+///   the same places), which waits only for kv_block j - 2, and so on down to the first.
+/// - With W = P x (tail kv_blocks that are not their pair's first) parts that may wait,
+///   W < resident (the tail kernel's thread blocks at once) leaves a slot that no waiting part
+///   holds: every part that never waits runs and ends, then every part left is resident, and
+///   the one of the lowest kv_block waits for nobody. Independently, the main kernel's own
+///   argument (README "Deterministic mode") holds: kv_block j - 1's parts come before kv_block
+///   j's in the tail's grid, and the GPU starts thread blocks in blockIdx order.
+/// So P <= (resident - 1) / w, w = W / P: any P with at most one tail kv_block per pair
+/// (w = 0), or with every part resident at once (count P <= resident, as w <= count - 1), and
+/// more.
+template <typename T, int kHeadDim>
+fa_status det_tail_max_parts(const fa_bwd_args& args, int64_t first, int64_t count,
+                             int* max_parts) {
+  using Tr = BwdTraits<kHeadDim, true>;
+  const fa_fwd_args& f = args.fwd;
+  const int num_blocks = (f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  const int num_pairs = f.batch * f.heads_kv;
+  dim3 grid;
+  int group_pairs = 1;  // as launch_dk_dv orders the ordered main kernel
+  fa_status status =
+      block_order(bwd_dk_dv_kernel<T, kHeadDim, true, true>, Tr::kNumThreads, Tr::kSmemBytes,
+                  num_blocks, num_pairs, kDetGroupWaves, &grid, &group_pairs);
+  if (status != FA_OK) return status;
+  const auto tail_kernel = bwd_dk_dv_tail_kernel<T, kHeadDim, true>;
+  status = set_smem(tail_kernel, Tr::kSmemBytes, "bwd_dk_dv_tail_kernel");  // its occupancy
+  if (status != FA_OK) return status;
+  int64_t resident = 0;
+  status = resident_blocks(tail_kernel, Tr::kNumThreads, Tr::kSmemBytes, &resident);
+  if (status != FA_OK) return status;
+  std::vector<int> pairs;  // of the tail's kv_blocks
+  for (int64_t index = first; index < first + count; ++index) {
+    int block = 0, pair = 0;
+    decode_block_order(static_cast<unsigned>(index), num_blocks, num_pairs, group_pairs, block,
+                       pair);
+    pairs.push_back(pair);
+  }
+  std::sort(pairs.begin(), pairs.end());
+  const int64_t waiting = count - (std::unique(pairs.begin(), pairs.end()) - pairs.begin());
+  *max_parts = waiting == 0
+                   ? kMaxTailParts
+                   : static_cast<int>(std::min<int64_t>(kMaxTailParts, (resident - 1) / waiting));
+  return FA_OK;
+}
+
 /// The tail split (TailSplit, without its scratch) of the main kernel's grid: parts = 1 (no
-/// split) under causal masking, in deterministic mode, on the 99 KB shapes, or where
-/// tail_split_parts says so. FA_BWD_TAIL_SPLIT overrides the rule (a knob for measuring, and
-/// for the tests to reach the split on small problems): 0 never splits, 2 to kMaxTailParts
-/// splits in that many parts (at most the iterations of a kv_block), the last
+/// split) under causal masking, on the 99 KB shapes, in deterministic mode where
+/// det_tail_max_parts allows fewer than 2 parts, or where tail_split_parts says so.
+/// FA_BWD_TAIL_SPLIT overrides the rule (a knob for measuring, and for the tests to reach the
+/// split on small problems): 0 never splits, 2 to kMaxTailParts splits in that many parts (at
+/// most the iterations of a kv_block and, in deterministic mode, det_tail_max_parts), the last
 /// total % resident kv_blocks or, when every wave is whole, the last min(total, 4).
 template <typename T, int kHeadDim>
 fa_status plan_tail_split(const fa_bwd_args& args, TailSplit* tail) {
@@ -2292,31 +2398,35 @@ fa_status plan_tail_split(const fa_bwd_args& args, TailSplit* tail) {
   *tail = TailSplit{0, 0, 1, nullptr, nullptr};
   if constexpr (kHasLargeBwdShape<kHeadDim>) {
     using Tr = BwdTraits<kHeadDim, true>;
-    if (f.causal || args.deterministic || forced == 0) return FA_OK;
+    if (f.causal || forced == 0) return FA_OK;
     int optin = 0;
     fa_status status = fa::smem_per_block_optin(&optin);
     if (status != FA_OK || optin < Tr::kSmemBytes) return status;  // the 99 KB shapes
-    const auto kernel = bwd_dk_dv_kernel<T, kHeadDim, true, false>;
+    const auto kernel = args.deterministic ? bwd_dk_dv_kernel<T, kHeadDim, true, true>
+                                           : bwd_dk_dv_kernel<T, kHeadDim, true, false>;
     status = set_smem(kernel, Tr::kSmemBytes, "bwd_dk_dv_kernel");  // for its occupancy
     if (status != FA_OK) return status;
-    int device = 0, num_sms = 0, blocks_per_sm = 0;
-    FA_CUDA_TRY(cudaGetDevice(&device));
-    FA_CUDA_TRY(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-    FA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
-                                                              Tr::kNumThreads, Tr::kSmemBytes));
-    const int64_t resident = static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1);
+    int64_t resident = 0;
+    status = resident_blocks(kernel, Tr::kNumThreads, Tr::kSmemBytes, &resident);
+    if (status != FA_OK) return status;
     const int64_t total =
         static_cast<int64_t>((f.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN) * f.batch * f.heads_kv;
     const int64_t n_iters =
         static_cast<int64_t>(f.heads / f.heads_kv) * ((f.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM);
     int64_t count = total % resident;
-    int parts = tail_split_parts(count, resident, n_iters,
-                                 int64_t{2} * Tr::kBlockN * kHeadDim * sizeof(float));
-    if (forced > 0) {
-      parts = static_cast<int>(std::min<int64_t>(forced, n_iters));
-      if (count == 0) count = std::min<int64_t>(total, 4);
+    if (forced > 0 && count == 0) count = std::min<int64_t>(total, 4);
+    if (count == 0 || total > INT32_MAX) return FA_OK;
+    int max_parts = kMaxTailParts;
+    if (args.deterministic) {
+      status = det_tail_max_parts<T, kHeadDim>(args, total - count, count, &max_parts);
+      if (status != FA_OK) return status;
     }
-    if (parts < 2 || count == 0 || total > INT32_MAX) return FA_OK;
+    const int parts =
+        forced > 0
+            ? static_cast<int>(std::min<int64_t>(std::min<int64_t>(forced, max_parts), n_iters))
+            : tail_split_parts(count, resident, n_iters,
+                               int64_t{2} * Tr::kBlockN * kHeadDim * sizeof(float), max_parts);
+    if (parts < 2) return FA_OK;
     *tail = TailSplit{static_cast<int>(total - count), static_cast<int>(count), parts, nullptr,
                       nullptr};
   }
@@ -2355,11 +2465,13 @@ fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_
   }
   if constexpr (kLargeSmem) {
     if (split) {
-      const auto tail_kernel = bwd_dk_dv_tail_kernel<T, kHeadDim>;
+      const auto tail_kernel = ordered ? bwd_dk_dv_tail_kernel<T, kHeadDim, true>
+                                       : bwd_dk_dv_tail_kernel<T, kHeadDim, false>;
       status = set_smem(tail_kernel, Tr::kSmemBytes, "bwd_dk_dv_tail_kernel");
       if (status != FA_OK) return status;
       tail_kernel<<<tail.count * tail.parts, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
-          args, dq_accum, lse_log2, d_row, seqlen_q_pad, scale_log2, group_pairs, tail);
+          args, dq_accum, lse_log2, d_row, seqlen_q_pad, scale_log2, group_pairs, tail,
+          dq_counters);
       FA_LAUNCH_TRY();
     }
   }

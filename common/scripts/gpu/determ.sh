@@ -41,9 +41,11 @@ if [ ! -x "$bin/fa_gpu_tests" ] || [ ! -x "$bin/$step" ]; then
 fi
 
 # The builds: name and extra nvcc flags (NOTES.md, change 7). "main" is $FA_BUILD_DIR.
+# FA_DETERM_VARIANTS="" (set and empty) builds none: main's bits and timing only.
 variants=("v0:-DFA_BWD_DQ_HANDOFF=0 -DFA_BWD_DET_GROUP_WAVES=4"
           "v2:-DFA_BWD_DQ_HANDOFF=2"
           "v2g4:-DFA_BWD_DET_GROUP_WAVES=4")
+[ -n "${FA_DETERM_VARIANTS+set}" ] && [ -z "$FA_DETERM_VARIANTS" ] && variants=()
 builds=(main)
 declare -A dir=([main]=$build)
 for v in "${variants[@]}"; do
@@ -65,7 +67,7 @@ san_filter+=":Steps/BackwardConformance.*/@STEP@_*_q_gt_k_det:Steps/SafetyEdgeCa
 (FA_BUILD_DIR=$build FA_SANITIZE_STEPS="$step ${step}@101376" FA_SANITIZE_TOOLS="memcheck racecheck synccheck" \
   FA_SANITIZE_FILTER="$san_filter" FA_SANITIZE_TIMEOUT=100 FA_SANITIZE_BUDGET=110 FA_SANITIZE_JOBS=4 \
   bash common/scripts/sanitize.sh "$tmp/san" > "$tmp/san.txt" 2>&1) &
-jobs_per_build=$(( $(nproc) / ${#variants[@]} ))
+jobs_per_build=$(( $(nproc) / (${#variants[@]} > 0 ? ${#variants[@]} : 1) ))
 [ "$jobs_per_build" -ge 1 ] || jobs_per_build=1
 for v in "${variants[@]}"; do
   name=${v%%:*} flags=${v#*:}

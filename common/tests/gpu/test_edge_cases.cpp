@@ -2,7 +2,8 @@
 /// \brief Edge cases beyond the named ones in test_conformance.cpp, for every registered step:
 /// exact values for rows that see no key, both lengths 1, the largest grids the API accepts,
 /// long sequences, writes that stay inside the outputs' rows (inputs untouched, gaps of padded
-/// layouts untouched) and a bitwise repeatable deterministic backward.
+/// layouts untouched), every row written on a causal grid of many pairs, and a bitwise
+/// repeatable deterministic backward.
 ///
 /// Named `Steps/SafetyEdgeCases.<case>/<step>`, so `gpu.conformance.<step>` runs them.
 /// docs/conformance.md says what each property means.
@@ -270,6 +271,33 @@ TEST_P(SafetyEdgeCases, DeterministicBackwardIsBitwiseRepeatableOverSeveralWaves
                                 << s.describe();
         }
       }
+    }
+  }
+}
+
+// A causal grid of many (batch, head) pairs, as the bench's: a step that orders its thread
+// blocks (06's groups, and on a GPU whose L2 cannot hold a group's K and V, 06's two phases:
+// at d = 128 on an H200 these shapes take them) must still give every Q block of every pair
+// exactly one thread block. Every element of O and lse must be written (the outputs start as
+// NaN), and the sampled rows must match the oracle. N = 1000 has a ragged last Q block.
+TEST_P(SafetyEdgeCases, CausalGridOfManyPairsWritesEveryRow) {
+  FA_REQUIRE_GPU();
+  for (const int head_dim : {64, 128}) {
+    if (fa_step_supports_head_dim(step().c_str(), head_dim) != 1) continue;
+    for (const int seqlen : {1000, 2048}) {
+      const ProblemShape s = make_shape(16, 16, 16, seqlen, seqlen, head_dim, true);
+      InputSpec spec;
+      spec.seed = seed();
+      DeviceProblem dp(s, spec, Layout::kContiguous, false);
+      const CheckResult f = check_forward_sampled(step(), dp, 24, spec.seed);
+      ASSERT_TRUE(f.ok) << s.describe() << " seed " << spec.seed << ": " << f.summary();
+      std::vector<float> o, lse;
+      dp.download_forward(&o, &lse);
+      size_t unwritten = 0;
+      for (const float x : o) unwritten += !std::isfinite(x);
+      for (const float x : lse) unwritten += !std::isfinite(x);  // every row sees a key
+      EXPECT_EQ(unwritten, 0u) << "elements of O or lse left NaN (or not finite), "
+                               << s.describe();
     }
   }
 }

@@ -296,8 +296,7 @@ TEST_P(SafetyEdgeCases, CausalGridOfManyPairsWritesEveryRow) {
       size_t unwritten = 0;
       for (const float x : o) unwritten += !std::isfinite(x);
       for (const float x : lse) unwritten += !std::isfinite(x);  // every row sees a key
-      EXPECT_EQ(unwritten, 0u) << "elements of O or lse left NaN (or not finite), "
-                               << s.describe();
+      EXPECT_EQ(unwritten, 0u) << "elements of O or lse left NaN (or not finite), " << s.describe();
     }
   }
 }

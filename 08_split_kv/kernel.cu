@@ -23,7 +23,8 @@
 ///
 /// Everything else is step 06: the causal loop bound and diagonal-only masking, 4 warps split
 /// the tile's rows, each warp's S, softmax statistics and o_acc stay in its registers, and the
-/// K/V tile loads overlap the two matrix products.
+/// K/V tile loads overlap the two matrix products. The work order is 06's longest-first groups
+/// without the L2 rule 06 gained later (a group's K and V larger than the L2): not carried yet.
 ///
 /// Run: `./build/bin/08_split_kv --seqlen-q 1 --seqlen-k 32768 --heads 32 --heads-kv 8`
 #include <cuda_bf16.h>

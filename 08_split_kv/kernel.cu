@@ -23,8 +23,8 @@
 ///
 /// Everything else is step 06: the causal loop bound and diagonal-only masking, 4 warps split
 /// the tile's rows, each warp's S, softmax statistics and o_acc stay in its registers, and the
-/// K/V tile loads overlap the two matrix products. The work order is 06's longest-first groups
-/// without the L2 rule 06 gained later (a group's K and V larger than the L2): not carried yet.
+/// K/V tile loads overlap the two matrix products, and 06's work order (longest first, in
+/// groups that fit the L2).
 ///
 /// Run: `./build/bin/08_split_kv --seqlen-q 1 --seqlen-k 32768 --heads 32 --heads-kv 8`
 #include <cuda_bf16.h>
@@ -581,12 +581,12 @@ __device__ __forceinline__ void store_partial_o_and_lse(
 /// stage that block j - 1 just left, and it lands while blocks j ... j + kStages - 2 are
 /// computed. Unsplit (kSplit false: one chunk, all the keys, step 06's kernel) the tile writes
 /// O and L (store_o_and_lse); split, each thread block writes its chunk's partial result
-/// (store_partial_o_and_lse) for combine_splits_kernel. `group_pairs` sets the order of the
-/// thread blocks (see launch()).
+/// (store_partial_o_and_lse) for combine_splits_kernel. `group_pairs` and `tail_rows` set the
+/// order of the thread blocks (see launch()).
 template <typename T, class Tr, bool kSplit>
 __global__ void __launch_bounds__(Tr::kNumThreads)
     flash_forward_kernel(const fa_fwd_args args, const float scale_log2, const int group_pairs,
-                         const SplitKv split) {
+                         const int tail_rows, const SplitKv split) {
   extern __shared__ __align__(128) char smem[];
   char* const q_tile = smem;
   char* const kv_stages = smem + Tr::kQBytes;  // stage s: K tile, then V tile
@@ -595,14 +595,18 @@ __global__ void __launch_bounds__(Tr::kNumThreads)
   // explains, and which chunk of the K/V sequence.
   const int pack = Tr::kPackHeads ? split.pack : 1;  // a compile-time 1 for step 06's tile
   const int packs = args.heads / pack;               // head packs per batch
-  const int rows = args.seqlen_q * pack;             // packed query rows per (batch, head pack)
-  const int num_q_blocks = (rows + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int packed_rows = args.seqlen_q * pack;      // query rows per (batch, head pack)
+  const int num_q_blocks = (packed_rows + Tr::kBlockM - 1) / Tr::kBlockM;
   const int num_pairs = args.batch * packs;
-  const int group = blockIdx.x / (group_pairs * num_q_blocks);
-  const int in_group = blockIdx.x - group * group_pairs * num_q_blocks;
-  const int pairs_in_group = min(group_pairs, num_pairs - group * group_pairs);
-  const int q_block = num_q_blocks - 1 - in_group / pairs_in_group;  // last Q blocks first
-  const int pair = group * group_pairs + in_group % pairs_in_group;
+  const int tail_start = (num_q_blocks - tail_rows) * num_pairs;  // then Q blocks [0, tail_rows)
+  const bool tail = blockIdx.x >= tail_start;                     // of all pairs in one group
+  const int idx = blockIdx.x - (tail ? tail_start : 0), gp = tail ? num_pairs : group_pairs;
+  const int rows = tail ? tail_rows : num_q_blocks - tail_rows;  // Q blocks of a pair in a group
+  const int group = idx / (gp * rows);
+  const int in_group = idx - group * gp * rows;
+  const int pairs_in_group = min(gp, num_pairs - group * gp);
+  const int q_block = (tail ? tail_rows : num_q_blocks) - 1 - in_group / pairs_in_group;
+  const int pair = group * gp + in_group % pairs_in_group;
   const int head0 = (pair % packs) * pack;  // the tile's first query head
   const int batch = pair / packs;
   const int head_kv = head0 / (args.heads / args.heads_kv);
@@ -642,7 +646,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads)
   // one that holds last_key are entirely masked, so the loop stops there.
   const int first_masked_key = q_start / pack + seqlen_k - seqlen_q + 1;  // first row's key_end
   if (args.causal) {
-    const int last_key = (min(q_start + Tr::kBlockM, rows) - 1) / pack + seqlen_k - seqlen_q;
+    const int last_key = (min(q_start + Tr::kBlockM, packed_rows) - 1) / pack + seqlen_k - seqlen_q;
     n_blocks = min(n_blocks, (last_key + Tr::kBlockN) / Tr::kBlockN);  // <= 0: no key
   }
   // This thread block's chunk of the K/V blocks: [kv_begin, kv_end), all of them unsplit.
@@ -661,7 +665,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads)
   // Prologue: Q with the chunk's first K/V block in one cp.async group, then the next
   // kStages - 2 blocks one group each (a group may be empty: every thread always commits the
   // same number of groups, which cp_async_wait counts).
-  load_q_tile_async<Tr>(q_tile, q, args.q, q_start, rows, pack, tid);
+  load_q_tile_async<Tr>(q_tile, q, args.q, q_start, packed_rows, pack, tid);
 #pragma unroll
   for (int stage = 0; stage < Tr::kStages - 1; ++stage) {
     const int kv_block = kv_begin + stage;
@@ -675,7 +679,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads)
     fa::cp_async_commit();
   }
   // In the tile for few rows, a warp whose rows are all padding needs no arithmetic.
-  const bool warp_idle = Tr::kPackHeads && q_start + warp_row0 >= rows;
+  const bool warp_idle = Tr::kPackHeads && q_start + warp_row0 >= packed_rows;
 
   for (int kv_block = kv_begin; kv_block < kv_end; ++kv_block) {
     const int kv_start = kv_block * Tr::kBlockN;
@@ -838,6 +842,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
 struct KernelFacts {
   int num_sms = 0;        ///< streaming multiprocessors of the device
   int blocks_per_sm = 0;  ///< resident thread blocks of the kernel per SM
+  int l2_bytes = 0;       ///< bytes of the device's L2 cache
 };
 
 /// The facts of `kernel` (launched with `threads` threads and `smem_bytes` bytes of dynamic
@@ -859,6 +864,7 @@ fa_status kernel_facts(const void* kernel, int threads, int smem_bytes, KernelFa
     FA_CUDA_TRY(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
   FA_CUDA_TRY(cudaDeviceGetAttribute(&f.num_sms, cudaDevAttrMultiProcessorCount, device));
+  FA_CUDA_TRY(cudaDeviceGetAttribute(&f.l2_bytes, cudaDevAttrL2CacheSize, device));
   FA_CUDA_TRY(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.blocks_per_sm, kernel, threads, smem_bytes));
   cache.emplace(std::make_pair(device, kernel), f);
@@ -949,6 +955,9 @@ fa_status num_splits_for(int64_t tiles, int64_t resident, int n_blocks, int* num
 /// that, so that the thread blocks that read the same K and V run at the same time and share
 /// them in L2. Without causal masking every thread block has the same work and a group is one
 /// pair: one head's Q blocks run together.
+/// Where a group's K and V overflow the L2 and fewer than 4 Q blocks of a pair are resident at
+/// once (step 06's README.md), a group holds only the pairs whose K and V fit in half the L2, and
+/// the first `tail_rows` Q blocks of every pair (2 waves or more) run last, in one group.
 template <typename T, int kHeadDim, class Shape>
 fa_status launch(const fa_fwd_args& args, int pack, cudaStream_t stream) {
   using Tr = Traits<kHeadDim, Shape>;
@@ -964,10 +973,15 @@ fa_status launch(const fa_fwd_args& args, int pack, cudaStream_t stream) {
   if (num_q_blocks * num_pairs > INT32_MAX)
     return fa::set_error(FA_ERR_UNSUPPORTED, "%s: more than 2^31 - 1 thread blocks", FA_STEP_NAME);
   const int64_t resident = static_cast<int64_t>(facts.num_sms) * std::max(facts.blocks_per_sm, 1);
-  int64_t group_pairs = 1;
+  int64_t group_pairs = 1, tail_rows = 0;
   if (args.causal) {
     const int64_t num_groups = std::max<int64_t>(1, num_q_blocks * num_pairs / (4 * resident));
     group_pairs = (num_pairs + num_groups - 1) / num_groups;
+    const int64_t kv_bytes = int64_t{4} * args.seqlen_k * args.head_dim;  // K and V of a pair
+    if (4 * group_pairs > resident && group_pairs * kv_bytes > facts.l2_bytes) {
+      tail_rows = std::min(num_q_blocks, (2 * resident + num_pairs - 1) / num_pairs);
+      group_pairs = std::max<int64_t>(1, std::min(group_pairs, facts.l2_bytes / (2 * kv_bytes)));
+    }
   }
   // The split of the keys: as many chunks as fill the GPU (choose_num_splits), each a whole
   // number of K/V blocks, none empty.
@@ -984,7 +998,7 @@ fa_status launch(const fa_fwd_args& args, int pack, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(num_q_blocks * num_pairs), split.num_splits);
   if (split.num_splits == 1) {  // step 06's grid and kernel: the tile writes O and L
     flash_forward_kernel<T, Tr, false><<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
-        args, scale_log2, static_cast<int>(group_pairs), split);
+        args, scale_log2, static_cast<int>(group_pairs), static_cast<int>(tail_rows), split);
     FA_LAUNCH_TRY();
   } else {  // the chunks write partial results, then the merge writes O and L
     const auto kernel = flash_forward_kernel<T, Tr, true>;
@@ -1005,8 +1019,8 @@ fa_status launch(const fa_fwd_args& args, int pack, cudaStream_t stream) {
       return st;
     split.o_partial = static_cast<float*>(workspace);
     split.lse_partial = split.o_partial + partial_rows * kHeadDim;
-    kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(args, scale_log2,
-                                                              static_cast<int>(group_pairs), split);
+    kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
+        args, scale_log2, static_cast<int>(group_pairs), static_cast<int>(tail_rows), split);
     FA_LAUNCH_TRY();
     combine_splits_kernel<T, kHeadDim>
         <<<static_cast<unsigned>(merged_rows), 32 * kCombineWarps, 0, stream>>>(args, split);

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Host test of step 06's work order (and of 07's forward, which carries it), with the kernel's
-own text: every blockIdx.x of the grid must decode to a distinct (q_block, pair) in range.
+"""Host test of step 06's work order (and of 07's and 08's forwards, which carry it), with the
+kernel's own text: every blockIdx.x of the grid must decode to a distinct (q_block, pair) in range.
 
 Cuts two pieces out of each kernel.cu: launch()'s order planning (from `int64_t group_pairs =
 1` to the end of `if (args.causal) { ... }`) and the kernel's block decode (from
-`num_q_blocks` to `pair`), pastes them unchanged into a C++ program with stand-ins for the
+`num_q_blocks`, or 08's `pack`, to `pair`), pastes them unchanged into a C++ program with stand-ins for the
 CUDA calls (SM count, blocks per SM and L2 size chosen per case), compiles it with $CXX (or
 g++) under UBSan and runs it. Cases: a sweep of B, H, H_kv, N_q, N_k (ragged, N_q != N_k,
 1-row), causal on and off, on five device stand-ins (H200, one block per SM, A100-like, and
@@ -12,7 +12,7 @@ two tiny ones that make the two-phase order fire on small grids), plus the bench
 whose plan it prints. The GPU test SafetyEdgeCases.CausalGridOfManyPairsWritesEveryRow checks
 the same on the real GPU for the bench-like shapes. (06_causal_skip/NOTES.md, eighth session.)
 
-  python3 common/tests/host/work_order_check.py [kernel.cu ...]   # default: 06's and 07's
+  python3 common/tests/host/work_order_check.py [kernel.cu ...]   # default: 06's, 07's, 08's
 """
 import os
 import subprocess
@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-DEFAULT = ["06_causal_skip/kernel.cu", "07_backward/kernel.cu"]
+DEFAULT = ["06_causal_skip/kernel.cu", "07_backward/kernel.cu", "08_split_kv/kernel.cu"]
 
 
 def cut(text, first, last):
@@ -34,7 +34,10 @@ def check(path):
     """Builds and runs the check for one kernel.cu; returns the program's exit code."""
     src = open(path).read()
     plan = cut(src, "int64_t group_pairs = 1", lambda l: l == "  }")
-    decode = cut(src, "const int num_q_blocks = (args.seqlen_q", lambda l: "const int pair =" in l)
+    # 08 packs query heads (its decode starts at `pack`; 1 here, its prefill tile's).
+    first = next(m for m in ("const int pack = Tr::kPackHeads", "const int num_q_blocks = (args.seqlen_q")
+                 if m in src)
+    decode = cut(src, first, lambda l: "const int pair =" in l)
     prog = r'''
 #include <algorithm>
 #include <cstdint>
@@ -43,20 +46,27 @@ def check(path):
 using std::max;
 using std::min;
 struct Args { int batch, heads, heads_kv, seqlen_q, seqlen_k, head_dim; bool causal; };
-struct Tr { static constexpr int kBlockM = 128, kNumThreads = 128, kSmemBytes = 0; };
+struct Tr {
+  static constexpr int kBlockM = 128, kNumThreads = 128, kSmemBytes = 0;
+  static constexpr bool kPackHeads = false;
+};
+struct Split { int pack; };
 struct Dim { unsigned x; };
 enum { cudaDevAttrMultiProcessorCount, cudaDevAttrL2CacheSize };
 static int g_sms, g_bps, g_l2;
 #define FA_CUDA_TRY(x) (void)(x)
-static int cudaGetDevice(int* d) { *d = 0; return 0; }
-static int cudaDeviceGetAttribute(int* v, int attr, int) {
+[[maybe_unused]] static int cudaGetDevice(int* d) { *d = 0; return 0; }
+[[maybe_unused]] static int cudaDeviceGetAttribute(int* v, int attr, int) {
   *v = attr == cudaDevAttrL2CacheSize ? g_l2 : g_sms; return 0; }
-static int cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* v, int, int, int) {
+[[maybe_unused]] static int cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* v, int, int, int) {
   *v = g_bps; return 0; }
 
 static void plan(const Args& args, int64_t num_q_blocks, int64_t num_pairs, int64_t* gp,
                  int64_t* tr) {
-  const int kernel = 0;
+  [[maybe_unused]] const int kernel = 0;
+  // 08 asks once per device (kernel_facts) and computes `resident` before its plan
+  [[maybe_unused]] const struct { int num_sms, blocks_per_sm, l2_bytes; } facts{g_sms, g_bps, g_l2};
+  [[maybe_unused]] const int64_t resident = int64_t(g_sms) * std::max(g_bps, 1);
 ''' + plan + r'''
   *gp = group_pairs;
   *tr = tail_rows;
@@ -64,6 +74,7 @@ static void plan(const Args& args, int64_t num_q_blocks, int64_t num_pairs, int6
 
 static void decode(const Args& args, const Dim blockIdx, const int group_pairs,
                    const int tail_rows, int* qb, int* pr) {
+  [[maybe_unused]] const Split split{1};
 ''' + decode + r'''
   *qb = q_block;
   *pr = pair;
@@ -139,7 +150,7 @@ int main() {
 
 
 def main():
-    # 07 is checked where present (a course pack may stop before it).
+    # 07 and 08 are checked where present (a course pack may stop before them).
     paths = sys.argv[1:] or [os.path.join(ROOT, p) for p in DEFAULT
                              if p == DEFAULT[0] or os.path.exists(os.path.join(ROOT, p))]
     failed = 0

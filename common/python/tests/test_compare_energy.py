@@ -89,9 +89,12 @@ def test_energy_per_call_and_power_from_the_counter(tmp_path, monkeypatch, capsy
         assert math.isclose(r["power_w"], WATTS, rel_tol=0.02), r
     for r in steps:
         # A call spends at least the power times its own time; the gaps between calls (on a
-        # loaded machine, much longer than the calls) only add to it.
+        # loaded machine, much longer than the calls) only add to it. The energy is counted over
+        # other calls than the timed ones, and on a loaded machine one call can take several
+        # times another (the median of the timed ones was above the energy calls' mean, once,
+        # beside the sanitizers): so the bound is the fastest timed call, not their median.
         assert r["energy_mj_per_call"] >= 0.99 * WATTS * 1e3 * SLEEP_S, r
-        assert r["energy_mj_per_call"] >= 0.8 * WATTS * r["median_ms"], r
+        assert r["energy_mj_per_call"] >= 0.8 * WATTS * r["min_ms"], r
     text = capsys.readouterr()
     assert "mJ/call" in text.out and "warning" not in text.err
     readme = tmp_path / "README.md"  # results.py takes the new keys in its stride

@@ -209,6 +209,19 @@ TEST_P(SafetyEdgeCases, WritesStayInsideTheOutputs) {
   }
 }
 
+// Fails the test unless two runs' dQ, dK and dV (runs[run][0..2]) are the same bits.
+void expect_same_bits(const std::vector<float> (&runs)[2][3], const ProblemShape& s) {
+  const char* names[3] = {"dQ", "dK", "dV"};
+  for (int q = 0; q < 3; ++q) {
+    ASSERT_EQ(runs[0][q].size(), runs[1][q].size()) << names[q] << ", " << s.describe();
+    size_t differ = 0;
+    for (size_t i = 0; i < runs[0][q].size(); ++i)
+      differ += std::memcmp(&runs[0][q][i], &runs[1][q][i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << names[q] << " differs between two deterministic runs, "
+                          << s.describe();
+  }
+}
+
 // deterministic = 1 promises results independent of thread block order: two runs agree bit
 // for bit (GQA, so that dK and dV sum over several query heads; both head dims, whose main
 // kernels have different tile shapes).
@@ -228,15 +241,7 @@ TEST_P(SafetyEdgeCases, DeterministicBackwardIsBitwiseRepeatable) {
       ASSERT_TRUE(b.ok) << s.describe() << ": " << b.summary();
       dp.download_backward(&runs[run][0], &runs[run][1], &runs[run][2]);
     }
-    const char* names[3] = {"dQ", "dK", "dV"};
-    for (int q = 0; q < 3; ++q) {
-      ASSERT_EQ(runs[0][q].size(), runs[1][q].size());
-      size_t differ = 0;
-      for (size_t i = 0; i < runs[0][q].size(); ++i)
-        differ += std::memcmp(&runs[0][q][i], &runs[1][q][i], sizeof(float)) != 0;
-      EXPECT_EQ(differ, 0u) << names[q] << " differs between two deterministic runs, "
-                            << s.describe();
-    }
+    expect_same_bits(runs, s);
   }
 }
 
@@ -261,15 +266,7 @@ TEST_P(SafetyEdgeCases, DeterministicBackwardIsBitwiseRepeatableOverSeveralWaves
           ASSERT_TRUE(b.ok) << s.describe() << " seed " << spec.seed << ": " << b.summary();
           dp.download_backward(&runs[run][0], &runs[run][1], &runs[run][2]);
         }
-        const char* names[3] = {"dQ", "dK", "dV"};
-        for (int q = 0; q < 3; ++q) {
-          ASSERT_EQ(runs[0][q].size(), runs[1][q].size());
-          size_t differ = 0;
-          for (size_t i = 0; i < runs[0][q].size(); ++i)
-            differ += std::memcmp(&runs[0][q][i], &runs[1][q][i], sizeof(float)) != 0;
-          EXPECT_EQ(differ, 0u) << names[q] << " differs between two deterministic runs, "
-                                << s.describe();
-        }
+        expect_same_bits(runs, s);
       }
     }
   }

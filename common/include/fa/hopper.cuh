@@ -221,19 +221,25 @@ __device__ __forceinline__ void fence_operand(uint32_t (&x)[M][4]) {
 // accumulators (descriptors, A registers, scale_d, the transpose flag) are numbered on from
 // there, which is why each wrapper names them itself.
 // clang-format off
+/// The four accumulator operands of n8 tile J: "+f" d[J][0..3].
 #define FA_WGMMA_D4(J) "+f"(d[J][0]), "+f"(d[J][1]), "+f"(d[J][2]), "+f"(d[J][3])
+/// The 32 accumulator operands of one 64-column slab, n8 tiles J ... J + 7.
 #define FA_WGMMA_D64(J)                                                                            \
   FA_WGMMA_D4(J), FA_WGMMA_D4(J + 1), FA_WGMMA_D4(J + 2), FA_WGMMA_D4(J + 3),                      \
   FA_WGMMA_D4(J + 4), FA_WGMMA_D4(J + 5), FA_WGMMA_D4(J + 6), FA_WGMMA_D4(J + 7)
+/// The names of the first slab's accumulators in the PTX text: %0-%31.
 #define FA_WGMMA_R64_0                                                                             \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+/// The second slab's: %32-%63.
 #define FA_WGMMA_R64_1                                                                             \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "               \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+/// The third slab's: %64-%95.
 #define FA_WGMMA_R64_2                                                                             \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "               \
   "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+/// The fourth slab's: %96-%127.
 #define FA_WGMMA_R64_3                                                                             \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "         \
   "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "           \
@@ -250,14 +256,18 @@ __device__ __forceinline__ void fence_operand(uint32_t (&x)[M][4]) {
       DA ", " DB ", p, 1, 1, 0, 0;\n}\n"                                                           \
       : __VA_ARGS__                                                                                \
       : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+/// FA_WGMMA_SS for N = 64.
 #define FA_WGMMA_SS_N64(TY)                                                                        \
   FA_WGMMA_SS(TY, 64, FA_WGMMA_R64_0, "%32", "%33", "%34", FA_WGMMA_D64(0))
+/// FA_WGMMA_SS for N = 128.
 #define FA_WGMMA_SS_N128(TY)                                                                       \
   FA_WGMMA_SS(TY, 128, FA_WGMMA_R64_0 ", " FA_WGMMA_R64_1, "%64", "%65", "%66",                    \
               FA_WGMMA_D64(0), FA_WGMMA_D64(8))
+/// FA_WGMMA_SS for N = 192.
 #define FA_WGMMA_SS_N192(TY)                                                                       \
   FA_WGMMA_SS(TY, 192, FA_WGMMA_R64_0 ", " FA_WGMMA_R64_1 ", " FA_WGMMA_R64_2, "%96", "%97",       \
               "%98", FA_WGMMA_D64(0), FA_WGMMA_D64(8), FA_WGMMA_D64(16))
+/// FA_WGMMA_SS for N = 256.
 #define FA_WGMMA_SS_N256(TY)                                                                       \
   FA_WGMMA_SS(TY, 256,                                                                             \
               FA_WGMMA_R64_0 ", " FA_WGMMA_R64_1 ", " FA_WGMMA_R64_2 ", " FA_WGMMA_R64_3,          \
@@ -275,9 +285,11 @@ __device__ __forceinline__ void fence_operand(uint32_t (&x)[M][4]) {
       A ", " DB ", p, 1, 1, " TB ";\n}\n"                                                          \
       : __VA_ARGS__                                                                                \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B))
+/// FA_WGMMA_RS for N = 64.
 #define FA_WGMMA_RS_N64(TY, TRANS_B)                                                               \
   FA_WGMMA_RS(TY, TRANS_B, 64, FA_WGMMA_R64_0, "{%32, %33, %34, %35}", "%36", "%37", "%38",        \
               FA_WGMMA_D64(0))
+/// FA_WGMMA_RS for N = 128.
 #define FA_WGMMA_RS_N128(TY, TRANS_B)                                                              \
   FA_WGMMA_RS(TY, TRANS_B, 128, FA_WGMMA_R64_0 ", " FA_WGMMA_R64_1, "{%64, %65, %66, %67}",        \
               "%68", "%69", "%70", FA_WGMMA_D64(0), FA_WGMMA_D64(8))

@@ -1,6 +1,5 @@
 # fa_add_step(<name> [ARCH <arch>] [SMEM_LIMITS <bytes>...] [ENVS <VAR=value>...]): turns the
-# step folder that calls
-# it into
+# step folder that calls it into
 #   - a static library fa_step_<name> built from kernel.cu, linked into libfa,
 #   - a runner program <name> (common/src/tools/runner_main.cpp),
 #   - an entry of the GPU conformance suite (ctest label "gpu") and of the benchmark.

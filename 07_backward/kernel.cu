@@ -26,6 +26,10 @@
 ///   a kernel instance of their own launched after the main kernel's whole waves. In
 ///   deterministic mode too, where no part can wait for one that cannot start
 ///   (det_tail_max_parts): each part takes and passes the turns of its own q_blocks.
+/// - Launches that overlap (sm_90, plan_overlap): the kernels after the preprocess are
+///   programmatic dependent launches. A thread block starts while the kernel before it ends and
+///   waits for it (grid_dependency_wait) only before reading what that kernel wrote; the split
+///   tail, which reads nothing the main kernel writes, runs beside the main kernel's last wave.
 ///
 /// Run: `./build/bin/07_backward --backward --seqlen 4096 --head-dim 128`
 #include <cuda_bf16.h>
@@ -37,6 +41,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fa/api.h"
@@ -681,6 +686,15 @@ constexpr int kAbtUnroll = FA_BWD_ABT_UNROLL;
 #endif
 constexpr bool kLongestFirst = FA_BWD_LONGEST_FIRST != 0;
 
+// Variant switch, measured in NOTES.md (change 14): on sm_90 each kernel after the preprocess is
+// a programmatic dependent launch, whose thread blocks start while the kernel before it ends and
+// wait for it (grid_dependency_wait) only where they need its results (1); or plain launches,
+// each kernel starting once the one before has ended (0).
+#ifndef FA_BWD_PDL
+#define FA_BWD_PDL 1
+#endif
+constexpr bool kOverlapLaunches = FA_BWD_PDL != 0;
+
 // Variant switch, measured in NOTES.md (change 7): how the thread blocks hand the dQ adds of a
 // q_block on to each other in deterministic mode, and how many gpu-scope fences that costs.
 //   0: every warp takes turns on its own counter, with two fences per q_block: one to take
@@ -1135,6 +1149,22 @@ __device__ __forceinline__ void bulk_wait() {
 #endif
 }
 
+/// Programmatic dependent launch (sm_90): waits until the kernel launched before this one on
+/// the stream has ended and its writes are visible. Returns at once after a plain launch.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+/// Programmatic dependent launch (sm_90): the next kernel on the stream, if launched so, may
+/// start its thread blocks once every thread block of this one has been here (or has exited).
+__device__ __forceinline__ void grid_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 /// Makes this thread's earlier shared-memory stores visible to the async proxy (the TMA).
 __device__ __forceinline__ void fence_proxy_async_shared() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1338,6 +1368,7 @@ __global__ void __launch_bounds__(256)
     bwd_preprocess_kernel(const fa_bwd_args args, int seqlen_q_pad, float* lse_log2, float* d_row,
                           float* dq_accum, int* dq_counters) {
   constexpr int kLanesPerRow = 8, kChunksPerLane = kHeadDim / 8 / kLanesPerRow;
+  grid_launch_dependents();  // the main kernel may start loading K_j and V_j
   const fa_fwd_args& f = args.fwd;
   const int row = blockIdx.x * (256 / kLanesPerRow) + threadIdx.x / kLanesPerRow;
   const int sub = threadIdx.x % kLanesPerRow, head = blockIdx.y, batch = blockIdx.z;
@@ -2082,6 +2113,10 @@ __device__ __forceinline__ void dk_dv_block(const fa_bwd_args& args, float* dq_a
   load_tile_async<Tr, Tr::kBlockN>(smem, k, f.k.row_stride, b.kv_start, b.f.seqlen_k, b.tid);
   load_tile_async<Tr, Tr::kBlockN>(smem + Tr::kOffV, v, f.v.row_stride, b.kv_start, b.f.seqlen_k,
                                    b.tid);
+  if constexpr (!kTailSplit) {  // lse, D and the zeroed dq_accum are the preprocess's
+    grid_dependency_wait();
+    grid_launch_dependents();
+  }
   if (n_iters > 0) {
     if constexpr (kTailSplit)
       load_q_block<Tr, T>(args, b, lse_log2, d_row, seqlen_q_pad,
@@ -2182,9 +2217,11 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim, true>::kNumThreads, 1)
     bwd_dk_dv_tail_kernel(const fa_bwd_args args, float* dq_accum, const float* lse_log2,
                           const float* d_row, int seqlen_q_pad, float scale_log2, int group_pairs,
                           const TailSplit tail, int* dq_counters) {
+  grid_launch_dependents();
   dk_dv_block<T, kHeadDim, true, kOrderedDq, true>(
       args, dq_accum, kOrderedDq ? dq_counters : nullptr, lse_log2, d_row, seqlen_q_pad, scale_log2,
       group_pairs, tail);
+  grid_dependency_wait();  // ends after the main kernel: the conversion waits for this kernel
 }
 
 // ------------------------------------------------------------------------------------------
@@ -2199,6 +2236,7 @@ template <class Tr, typename T>
 __global__ void __launch_bounds__(Tr::kNumThreads)
     bwd_convert_dq_kernel(const fa_bwd_args args, const float* dq_accum, int seqlen_q_pad) {
   __shared__ __align__(128) char tile[Tr::kQBytes];
+  grid_dependency_wait();  // every dQ add has landed
   const fa_fwd_args& f = args.fwd;
   const int q_start = blockIdx.x * Tr::kBlockM, head = blockIdx.y, batch = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -2233,6 +2271,36 @@ __global__ void __launch_bounds__(Tr::kNumThreads)
 // ------------------------------------------------------------------------------------------
 // Backward launcher
 // ------------------------------------------------------------------------------------------
+
+/// Launches `kernel` on `stream`, with `overlap` as a programmatic dependent launch: its thread
+/// blocks may start before the kernel ahead of it has ended (README, "Launches that overlap").
+template <typename... Params, typename... Args>
+fa_status launch_after(void (*kernel)(Params...), dim3 grid, int threads, int smem_bytes,
+                       cudaStream_t stream, bool overlap, Args&&... args) {
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = overlap ? 1 : 0;
+  FA_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  return FA_OK;
+}
+
+/// Whether the kernels after the preprocess overlap their launches: on sm_90 and later, with
+/// FA_BWD_PDL on, and not in deterministic mode, whose hand-off argument (det_tail_max_parts)
+/// wants each kernel to start once the one before has ended.
+fa_status plan_overlap(bool deterministic, bool* overlap) {
+  int device = 0, major = 0;
+  FA_CUDA_TRY(cudaGetDevice(&device));
+  FA_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  *overlap = kOverlapLaunches && !deterministic && major >= 9;
+  return FA_OK;
+}
 
 /// Sets a kernel's dynamic shared memory size, after checking that this GPU has that much.
 template <typename Kernel>
@@ -2456,12 +2524,17 @@ fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_
       ordered ? kDetGroupWaves : (f.causal && kLongestFirst ? 4 : -1), &grid, &group_pairs);
   if (status != FA_OK) return status;
   const bool split = kLargeSmem && tail.parts > 1;
+  bool overlap = false;
+  status = plan_overlap(ordered, &overlap);
+  if (status != FA_OK) return status;
   // Split: the whole waves (a forced split of a small grid may leave none), then the rest.
   if (split) grid.x = tail.first;
-  if (!split || grid.x > 0) {
-    kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
-        args, dq_accum, dq_counters, lse_log2, d_row, seqlen_q_pad, scale_log2, group_pairs);
-    FA_LAUNCH_TRY();
+  const bool main_launched = !split || grid.x > 0;
+  if (main_launched) {
+    status = launch_after(kernel, grid, Tr::kNumThreads, Tr::kSmemBytes, stream, overlap, args,
+                          dq_accum, dq_counters, lse_log2, d_row, seqlen_q_pad, scale_log2,
+                          group_pairs);
+    if (status != FA_OK) return status;
   }
   if constexpr (kLargeSmem) {
     if (split) {
@@ -2469,17 +2542,18 @@ fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_
                                        : bwd_dk_dv_tail_kernel<T, kHeadDim, false>;
       status = set_smem(tail_kernel, Tr::kSmemBytes, "bwd_dk_dv_tail_kernel");
       if (status != FA_OK) return status;
-      tail_kernel<<<tail.count * tail.parts, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(
-          args, dq_accum, lse_log2, d_row, seqlen_q_pad, scale_log2, group_pairs, tail,
-          dq_counters);
-      FA_LAUNCH_TRY();
+      // The tail reads lse and D without waiting: right after the preprocess, it must not
+      // overlap it.
+      status = launch_after(tail_kernel, dim3(tail.count * tail.parts), Tr::kNumThreads,
+                            Tr::kSmemBytes, stream, overlap && main_launched, args, dq_accum,
+                            lse_log2, d_row, seqlen_q_pad, scale_log2, group_pairs, tail,
+                            dq_counters);
+      if (status != FA_OK) return status;
     }
   }
   const dim3 convert_grid((f.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, f.heads, f.batch);
-  bwd_convert_dq_kernel<Tr, T>
-      <<<convert_grid, Tr::kNumThreads, 0, stream>>>(args, dq_accum, seqlen_q_pad);
-  FA_LAUNCH_TRY();
-  return FA_OK;
+  return launch_after(bwd_convert_dq_kernel<Tr, T>, convert_grid, Tr::kNumThreads, 0, stream,
+                      overlap, args, static_cast<const float*>(dq_accum), seqlen_q_pad);
 }
 
 /// Runs the backward kernels on the scratch buffers (`dq_counters` not null: deterministic

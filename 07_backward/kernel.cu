@@ -2531,9 +2531,9 @@ fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_
   if (split) grid.x = tail.first;
   const bool main_launched = !split || grid.x > 0;
   if (main_launched) {
-    status = launch_after(kernel, grid, Tr::kNumThreads, Tr::kSmemBytes, stream, overlap, args,
-                          dq_accum, dq_counters, lse_log2, d_row, seqlen_q_pad, scale_log2,
-                          group_pairs);
+    status =
+        launch_after(kernel, grid, Tr::kNumThreads, Tr::kSmemBytes, stream, overlap, args, dq_accum,
+                     dq_counters, lse_log2, d_row, seqlen_q_pad, scale_log2, group_pairs);
     if (status != FA_OK) return status;
   }
   if constexpr (kLargeSmem) {
@@ -2544,10 +2544,10 @@ fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_
       if (status != FA_OK) return status;
       // The tail reads lse and D without waiting: right after the preprocess, it must not
       // overlap it.
-      status = launch_after(tail_kernel, dim3(tail.count * tail.parts), Tr::kNumThreads,
-                            Tr::kSmemBytes, stream, overlap && main_launched, args, dq_accum,
-                            lse_log2, d_row, seqlen_q_pad, scale_log2, group_pairs, tail,
-                            dq_counters);
+      status =
+          launch_after(tail_kernel, dim3(tail.count * tail.parts), Tr::kNumThreads, Tr::kSmemBytes,
+                       stream, overlap && main_launched, args, dq_accum, lse_log2, d_row,
+                       seqlen_q_pad, scale_log2, group_pairs, tail, dq_counters);
       if (status != FA_OK) return status;
     }
   }

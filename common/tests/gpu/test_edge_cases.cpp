@@ -298,6 +298,28 @@ TEST_P(SafetyEdgeCases, CausalGridOfManyPairsWritesEveryRow) {
   }
 }
 
+// A backward whose kernels overlap (07's programmatic dependent launches on sm_90) must make each
+// kernel wait for what the kernel before it wrote. Here (causal, N_q >> N_k: only the last N_k
+// query rows see a key) the main kernel is one thread block, and the first rows it reads are the
+// ones the preprocess writes last: lse, D and the zeroed dq_accum. The problems run in a row, so
+// that scratch memory a missing wait would read still holds the last problem's values.
+TEST_P(SafetyEdgeCases, BackwardReadsWhatItsPreprocessWroteLast) {
+  FA_REQUIRE_GPU();
+  if (!has_backward()) GTEST_SKIP() << step() << " has no backward";
+  for (const int head_dim : {64, 128}) {
+    if (fa_step_supports_head_dim(step().c_str(), head_dim) != 1) continue;
+    for (int run = 0; run < 3; ++run) {
+      const ProblemShape s = make_shape(1, 1, 1, 65536, 128, head_dim, true);
+      InputSpec spec;
+      spec.seed = seed() + 2 * run + (head_dim == 128);
+      DeviceProblem dp(s, spec, Layout::kContiguous, true);
+      const CheckResult b = check_backward_sampled(step(), dp, 24, spec.seed, false);
+      EXPECT_TRUE(b.ok) << "backward " << s.describe() << " seed " << spec.seed << ": "
+                        << b.summary();
+    }
+  }
+}
+
 // The path of the runners, the bench and the large tests: inputs made on the GPU, the oracle on
 // the first and the last key/value head group only (read back from the device), here on a
 // problem small enough to be quick, in the head-major layout.

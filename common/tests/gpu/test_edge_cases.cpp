@@ -303,8 +303,8 @@ TEST_P(SafetyEdgeCases, CausalGridOfManyPairsWritesEveryRow) {
 // query rows see a key) the main kernel is one thread block, and the first rows it reads are the
 // ones the preprocess writes last: lse, D and the zeroed dq_accum. The problems run in a row, so
 // that scratch memory a missing wait would read still holds the last problem's values. A race
-// is caught by chance: 07 without the main kernel's wait failed 7 of 8 runs of 3 problems per
-// head dim (07_backward/NOTES.md, change 14); 8 problems per head dim miss it far more rarely.
+// is caught by chance, not every run: 07 without the main kernel's wait failed 7 of 8 runs with
+// 3 problems per head dim and 3 of 5 with 8 (07_backward/NOTES.md, change 14).
 TEST_P(SafetyEdgeCases, BackwardReadsWhatItsPreprocessWroteLast) {
   FA_REQUIRE_GPU();
   if (!has_backward()) GTEST_SKIP() << step() << " has no backward";

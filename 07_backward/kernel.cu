@@ -1362,13 +1362,17 @@ struct TailSplit {
 /// accumulator row and, when `dq_counters` is not null (deterministic mode), a zeroed counter
 /// (one int per row: those of a q_block's first rows serve its warps, see DqTurn). Padding
 /// rows \f$N_q \le i < N_{q,pad}\f$ get \f$D_i = 0\f$ and \f$L_i = +\infty\f$, so that they
-/// contribute \f$P = 0\f$.
+/// contribute \f$P = 0\f$. `late_cycles` > 0 (FA_BWD_LATE_PREPROCESS, a test's knob): the
+/// thread blocks of every head's last kRowPad rows sleep that many SM cycles before they write,
+/// so that a kernel that overlaps this one without waiting for it reads those rows too early.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(256)
     bwd_preprocess_kernel(const fa_bwd_args args, int seqlen_q_pad, float* lse_log2, float* d_row,
-                          float* dq_accum, int* dq_counters) {
+                          float* dq_accum, int* dq_counters, long long late_cycles) {
   constexpr int kLanesPerRow = 8, kChunksPerLane = kHeadDim / 8 / kLanesPerRow;
   grid_launch_dependents();  // the main kernel may start loading K_j and V_j
+  if (late_cycles > 0 && blockIdx.x >= gridDim.x - kRowPad / 32)  // 32 rows a block
+    for (const long long t0 = clock64(); clock64() - t0 < late_cycles;) __nanosleep(1000);
   const fa_fwd_args& f = args.fwd;
   const int row = blockIdx.x * (256 / kLanesPerRow) + threadIdx.x / kLanesPerRow;
   const int sub = threadIdx.x % kLanesPerRow, head = blockIdx.y, batch = blockIdx.z;
@@ -2570,8 +2574,14 @@ fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, 
   if (tail.parts > 1)  // the split kv_blocks' counts of parts done
     FA_CUDA_TRY(cudaMemsetAsync(tail.counters, 0, tail.count * sizeof(int), stream));
 
+  long long late = 0;  // a test's knob (bwd_preprocess_kernel)
+  if (fa::env_int("FA_BWD_LATE_PREPROCESS", 0, INT32_MAX, &late, nullptr) ==
+      fa::EnvStatus::kInvalid)
+    return fa::set_error(FA_ERR_INVALID_ARGUMENT,
+                         "%s: FA_BWD_LATE_PREPROCESS=%s: expected 0 to %d SM cycles", FA_STEP_NAME,
+                         std::getenv("FA_BWD_LATE_PREPROCESS"), INT32_MAX);
   bwd_preprocess_kernel<T, kHeadDim><<<dim3(seqlen_q_pad / 32, f.heads, f.batch), 256, 0, stream>>>(
-      args, seqlen_q_pad, lse_log2, d_row, dq_accum, dq_counters);
+      args, seqlen_q_pad, lse_log2, d_row, dq_accum, dq_counters, late);
   FA_LAUNCH_TRY();
 
   int optin = 0;

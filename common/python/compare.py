@@ -293,9 +293,10 @@ def _run(cmd):
 
 
 # Environment variables that change which kernels the steps run (fa::smem_per_block_optin,
-# 08_split_kv's FA_NUM_SPLITS, 07_backward's FA_BWD_TAIL_SPLIT): recorded in front of the
-# command, as the shell line that reproduces the run (fa::run_info does the same).
-KERNEL_ENV = ("FA_SMEM_LIMIT", "FA_NUM_SPLITS", "FA_BWD_TAIL_SPLIT")
+# 08_split_kv's FA_NUM_SPLITS, 07_backward's FA_BWD_TAIL_SPLIT and its test knob
+# FA_BWD_LATE_PREPROCESS): recorded in front of the command, as the shell line that reproduces
+# the run (fa::run_info does the same).
+KERNEL_ENV = ("FA_SMEM_LIMIT", "FA_NUM_SPLITS", "FA_BWD_TAIL_SPLIT", "FA_BWD_LATE_PREPROCESS")
 
 
 def run_info():

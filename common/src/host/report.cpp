@@ -327,9 +327,11 @@ RunInfo run_info(int argc, char** argv) {
   RunInfo run{build_commit(), utc_now(), ""};
   // The variables that change the kernels some steps run (FA_SMEM_LIMIT: the tile shapes, see
   // fa::smem_per_block_optin; FA_NUM_SPLITS: 08_split_kv's split of the keys;
-  // FA_BWD_TAIL_SPLIT: 07_backward's split of the last wave) go in front of the command, as in
-  // the shell line that reproduces the run.
-  for (const char* name : {"FA_SMEM_LIMIT", "FA_NUM_SPLITS", "FA_BWD_TAIL_SPLIT"})
+  // FA_BWD_TAIL_SPLIT: 07_backward's split of the last wave; FA_BWD_LATE_PREPROCESS: 07's test
+  // knob that delays its preprocess) go in front of the command, as in the shell line that
+  // reproduces the run.
+  for (const char* name :
+       {"FA_SMEM_LIMIT", "FA_NUM_SPLITS", "FA_BWD_TAIL_SPLIT", "FA_BWD_LATE_PREPROCESS"})
     if (const char* value = std::getenv(name)) run.command += std::string(name) + "=" + value + " ";
   for (int i = 0; i < argc; ++i) run.command += (i ? " " : "") + std::string(argv[i]);
   return run;

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -300,17 +301,22 @@ TEST_P(SafetyEdgeCases, CausalGridOfManyPairsWritesEveryRow) {
 
 // A backward whose kernels overlap (07's programmatic dependent launches on sm_90) must make each
 // kernel wait for what the kernel before it wrote. Here (causal, N_q >> N_k: only the last N_k
-// query rows see a key) the main kernel is one thread block, and the first rows it reads are the
-// ones the preprocess writes last: lse, D and the zeroed dq_accum. The problems run in a row, so
-// that scratch memory a missing wait would read still holds the last problem's values. A race
-// is caught by chance, not every run: 07 without the main kernel's wait failed 7 of 8 runs with
-// 3 problems per head dim and 3 of 5 with 8 (07_backward/NOTES.md, change 14).
+// query rows see a key) the main kernel is one thread block, and the rows it reads are the
+// preprocess's last ones: lse, D and the zeroed dq_accum. FA_BWD_LATE_PREPROCESS (07's test
+// knob) has the preprocess's thread blocks of those rows sleep about a millisecond before they
+// write, so a main kernel that does not wait for them reads them first, every run (without the
+// knob, 07 without that wait failed this test only by chance: 07_backward/NOTES.md, change 14).
+// The problems run in a row, so that the scratch a missing wait reads holds the last one's values.
 TEST_P(SafetyEdgeCases, BackwardReadsWhatItsPreprocessWroteLast) {
   FA_REQUIRE_GPU();
   if (!has_backward()) GTEST_SKIP() << step() << " has no backward";
+  struct LatePreprocess {  // the knob for this test only
+    LatePreprocess() { setenv("FA_BWD_LATE_PREPROCESS", "2000000", 1); }
+    ~LatePreprocess() { unsetenv("FA_BWD_LATE_PREPROCESS"); }
+  } late;
   for (const int head_dim : {64, 128}) {
     if (fa_step_supports_head_dim(step().c_str(), head_dim) != 1) continue;
-    for (int run = 0; run < 8; ++run) {
+    for (int run = 0; run < 3; ++run) {
       const ProblemShape s = make_shape(1, 1, 1, 65536, 128, head_dim, true);
       InputSpec spec;
       spec.seed = seed() + 2 * run + (head_dim == 128);

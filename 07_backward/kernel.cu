@@ -2567,19 +2567,13 @@ fa_status launch_dk_dv(const fa_bwd_args& args, cudaStream_t stream, int seqlen_
 template <typename T, int kHeadDim>
 fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, int seqlen_q_pad,
                                   float* lse_log2, float* d_row, float* dq_accum, int* dq_counters,
-                                  const TailSplit& tail) {
+                                  const TailSplit& tail, long long late) {
   const fa_fwd_args& f = args.fwd;
   const float scale_log2 = static_cast<float>(static_cast<double>(f.scale) * kLog2e);
 
   if (tail.parts > 1)  // the split kv_blocks' counts of parts done
     FA_CUDA_TRY(cudaMemsetAsync(tail.counters, 0, tail.count * sizeof(int), stream));
 
-  long long late = 0;  // a test's knob (bwd_preprocess_kernel)
-  if (fa::env_int("FA_BWD_LATE_PREPROCESS", 0, INT32_MAX, &late, nullptr) ==
-      fa::EnvStatus::kInvalid)
-    return fa::set_error(FA_ERR_INVALID_ARGUMENT,
-                         "%s: FA_BWD_LATE_PREPROCESS=%s: expected 0 to %d SM cycles", FA_STEP_NAME,
-                         std::getenv("FA_BWD_LATE_PREPROCESS"), INT32_MAX);
   bwd_preprocess_kernel<T, kHeadDim><<<dim3(seqlen_q_pad / 32, f.heads, f.batch), 256, 0, stream>>>(
       args, seqlen_q_pad, lse_log2, d_row, dq_accum, dq_counters, late);
   FA_LAUNCH_TRY();
@@ -2596,7 +2590,8 @@ fa_status launch_backward_kernels(const fa_bwd_args& args, cudaStream_t stream, 
                                           dq_counters, scale_log2, tail);
 }
 
-/// Backward pass for one dtype and head dimension: plans the tail split, allocates the scratch
+/// Backward pass for one dtype and head dimension: plans the tail split, reads the test knob
+/// FA_BWD_LATE_PREPROCESS (bwd_preprocess_kernel's `late_cycles`), allocates the scratch
 /// in stream order (dq_accum, lse in base 2, D, the split tail's partials and counters and, in
 /// deterministic mode, the dQ counters), runs the kernels, frees the scratch.
 template <typename T, int kHeadDim>
@@ -2605,6 +2600,12 @@ fa_status launch_backward(const fa_bwd_args& args, cudaStream_t stream) {
   TailSplit tail;
   fa_status status = plan_tail_split<T, kHeadDim>(args, &tail);
   if (status != FA_OK) return status;
+  long long late = 0;  // a test's knob (bwd_preprocess_kernel)
+  if (fa::env_int("FA_BWD_LATE_PREPROCESS", 0, INT32_MAX, &late, nullptr) ==
+      fa::EnvStatus::kInvalid)
+    return fa::set_error(FA_ERR_INVALID_ARGUMENT,
+                         "%s: FA_BWD_LATE_PREPROCESS=%s: expected 0 to %d SM cycles", FA_STEP_NAME,
+                         std::getenv("FA_BWD_LATE_PREPROCESS"), INT32_MAX);
   const int seqlen_q_pad = (f.seqlen_q + kRowPad - 1) / kRowPad * kRowPad;
   const size_t rows = static_cast<size_t>(f.batch) * f.heads * seqlen_q_pad;
   const size_t counters = args.deterministic ? rows : 0;
@@ -2635,7 +2636,7 @@ fa_status launch_backward(const fa_bwd_args& args, cudaStream_t stream) {
       args.deterministic ? reinterpret_cast<int*>(tail.partials + partials) : nullptr;
   tail.counters = reinterpret_cast<int*>(tail.partials + partials) + counters;
   status = launch_backward_kernels<T, kHeadDim>(args, stream, seqlen_q_pad, lse_log2, d_row,
-                                                dq_accum, dq_counters, tail);
+                                                dq_accum, dq_counters, tail, late);
   const cudaError_t freed = cudaFreeAsync(scratch, stream);  // after the kernels, in order
   if (status != FA_OK) return status;
   FA_CUDA_TRY(freed);

@@ -310,9 +310,17 @@ TEST_P(SafetyEdgeCases, CausalGridOfManyPairsWritesEveryRow) {
 TEST_P(SafetyEdgeCases, BackwardReadsWhatItsPreprocessWroteLast) {
   FA_REQUIRE_GPU();
   if (!has_backward()) GTEST_SKIP() << step() << " has no backward";
-  struct LatePreprocess {  // the knob for this test only
-    LatePreprocess() { setenv("FA_BWD_LATE_PREPROCESS", "2000000", 1); }
-    ~LatePreprocess() { unsetenv("FA_BWD_LATE_PREPROCESS"); }
+  struct LatePreprocess {  // the knob for this test only; a value the caller set comes back
+    const char* name = "FA_BWD_LATE_PREPROCESS";
+    const char* set = std::getenv(name);
+    const std::string before = set != nullptr ? set : "";
+    LatePreprocess() { setenv(name, "2000000", 1); }
+    ~LatePreprocess() {
+      if (set != nullptr)
+        setenv(name, before.c_str(), 1);
+      else
+        unsetenv(name);
+    }
   } late;
   for (const int head_dim : {64, 128}) {
     if (fa_step_supports_head_dim(step().c_str(), head_dim) != 1) continue;

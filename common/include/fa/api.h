@@ -102,7 +102,11 @@ typedef struct {
   int deterministic;  ///< 1: results independent of thread block order (the same bits every run)
 } fa_bwd_args;
 
-/// Opaque CUDA stream (a cudaStream_t); NULL is the default stream.
+/// Opaque CUDA stream (a cudaStream_t); NULL is the default stream. Steps that need scratch
+/// memory (01's S and P, 02's fp32 O, 08's split partials, ...) keep it from one call to the
+/// next, one buffer per stream (per host thread on cudaStreamPerThread), grown when a call
+/// needs more, until the process ends (fa/workspace.h). 07's backward still allocates its
+/// dQ accumulator in every call (cudaMallocAsync, freed in stream order after its kernels).
 typedef void* fa_stream;
 
 /// Number of registered steps.

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace fa {
@@ -23,13 +24,15 @@ namespace fa {
 /// returns cudaSuccess, or the allocation's error (then `*ptr` is null and the error is
 /// cleared). There is one buffer per (device, stream), shared by every step: work queued on
 /// one stream runs in order, so two calls that share a buffer never overlap, and calls on
-/// different streams get different buffers. A buffer grows in stream order (the old one is
-/// freed after the work already queued on `stream`), never shrinks, and is kept until the
-/// process ends. Thread-safe.
+/// different streams get different buffers. `cudaStreamPerThread` is a different stream in
+/// each host thread, so there the buffer is per (device, stream, thread). A buffer grows in
+/// stream order (the old one is freed after the work already queued on `stream`), never
+/// shrinks, and is kept until the process ends (a thread's, too, after the thread). Thread-safe.
 inline cudaError_t workspace(size_t bytes, cudaStream_t stream, void** ptr) {
   struct Buffer {
     int device;
     cudaStream_t stream;
+    std::thread::id thread;  ///< cudaStreamPerThread's thread, else none
     void* ptr;
     size_t bytes;
   };
@@ -39,12 +42,14 @@ inline cudaError_t workspace(size_t bytes, cudaStream_t stream, void** ptr) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
+  const std::thread::id thread =
+      stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id();
   std::lock_guard<std::mutex> lock(mutex);
   Buffer* buffer = nullptr;
   for (Buffer& b : buffers)
-    if (b.device == device && b.stream == stream) buffer = &b;
+    if (b.device == device && b.stream == stream && b.thread == thread) buffer = &b;
   if (buffer == nullptr) {
-    buffers.push_back(Buffer{device, stream, nullptr, 0});
+    buffers.push_back(Buffer{device, stream, thread, nullptr, 0});
     buffer = &buffers.back();
   }
   if (buffer->bytes < bytes || buffer->ptr == nullptr) {

@@ -8,9 +8,11 @@
 
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fa/harness.h"
+#include "fa/workspace.h"
 #include "gpu_test_util.h"
 
 namespace fa {
@@ -308,6 +310,33 @@ TEST(HarnessSelfTest, RejectedProblemIsReportedNotRun) {
   const CheckResult r = check_forward("no_such_step", dp, p, all_q_rows(s));
   EXPECT_FALSE(r.ran);
   EXPECT_NE(r.error.find("unknown step"), std::string::npos) << r.error;
+}
+
+// The scratch that 01, 02, 09 and 10 keep between calls (fa/workspace.h): one buffer per
+// stream, reused by the next call on it; on cudaStreamPerThread, which is a different stream
+// in every host thread (their work may run at the same time), one per thread.
+TEST(HarnessSelfTest, WorkspaceIsOnePerStreamAndThread) {
+  FA_REQUIRE_GPU();
+  void *first = nullptr, *again = nullptr, *other_thread = nullptr;
+  ASSERT_EQ(workspace(4096, cudaStreamPerThread, &first), cudaSuccess);
+  ASSERT_EQ(workspace(1024, cudaStreamPerThread, &again), cudaSuccess);
+  EXPECT_EQ(first, again) << "the next call on the same stream reuses the buffer";
+  int device = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  cudaError_t other = cudaErrorUnknown;
+  std::thread([&] {
+    other = cudaSetDevice(device);
+    if (other == cudaSuccess) other = workspace(4096, cudaStreamPerThread, &other_thread);
+  }).join();
+  ASSERT_EQ(other, cudaSuccess) << cudaGetErrorString(other);
+  EXPECT_NE(first, other_thread) << "two threads' per-thread streams shared one buffer";
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  void* own = nullptr;
+  EXPECT_EQ(workspace(4096, stream, &own), cudaSuccess);
+  EXPECT_NE(own, first) << "two streams shared one buffer";
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 }  // namespace

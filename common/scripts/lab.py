@@ -68,9 +68,13 @@ PARENTS = diff_report.parents()
 # The speed check: the lab must earn this share of the reference's gain over the step it
 # started from, on a log scale (0.5: gain_lab >= sqrt(gain_ref), i.e. the lab's time is nearer
 # the reference's than the starting step's). A reference that gains less than MIN_REF_GAIN on
-# this GPU cannot tell a lab with the idea from one without: the check is then not graded.
+# this GPU cannot tell a lab with the idea from one without: the check is then not graded. At
+# 1.05x the mark is 1.025x, 2.5% from either side, against a spread of the timer's medians of
+# about 1%. It was 1.10x until the twelfth session, when lab 10's reference (1.12x-1.13x on the
+# H200 before) gained 1.0995x in one run of the README command (the unchanged lab 1.00x): lab
+# 10 went ungraded and gpu.lab failed.
 SHARE = 0.5
-MIN_REF_GAIN = 1.10
+MIN_REF_GAIN = 1.05
 
 
 class LabError(Exception):

@@ -312,11 +312,11 @@ TEST_P(SafetyEdgeCases, BackwardReadsWhatItsPreprocessWroteLast) {
   if (!has_backward()) GTEST_SKIP() << step() << " has no backward";
   struct LatePreprocess {  // the knob for this test only; a value the caller set comes back
     const char* name = "FA_BWD_LATE_PREPROCESS";
-    const char* set = std::getenv(name);
-    const std::string before = set != nullptr ? set : "";
+    const bool was_set = std::getenv(name) != nullptr;
+    const std::string before = was_set ? std::getenv(name) : "";
     LatePreprocess() { setenv(name, "2000000", 1); }
     ~LatePreprocess() {
-      if (set != nullptr)
+      if (was_set)
         setenv(name, before.c_str(), 1);
       else
         unsetenv(name);

@@ -37,14 +37,13 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <thread>
-#include <tuple>
 
 #include "fa/api.h"
 #include "fa/check.cuh"
 #include "fa/env.h"
 #include "fa/mma.cuh"
 #include "fa/step.h"
+#include "fa/workspace.h"
 
 namespace {
 
@@ -872,46 +871,6 @@ fa_status kernel_facts(const void* kernel, int threads, int smem_bytes, KernelFa
   return FA_OK;
 }
 
-/// The workspace of the splits' partial results: one device buffer per (device, stream),
-/// kept between calls and grown on demand, so that a call allocates nothing once the largest
-/// shape has been seen (allocation would cost more than a decode call's whole kernel time).
-/// Calls on one stream run in order and may share the buffer; calls on different streams may
-/// run at the same time and get different buffers (the per-thread default stream counts as one
-/// stream per host thread). A buffer is allocated and freed with cudaMallocAsync / cudaFreeAsync
-/// on its stream, ordered after the kernels that used the old one, so growing never waits for
-/// the GPU. The buffers live until the process ends; a stream that is destroyed leaves its
-/// buffer behind. Before capturing a call in a CUDA graph, make one call of the same shape on
-/// that stream, so that the captured call does not allocate. Thread-safe.
-fa_status split_workspace(cudaStream_t stream, size_t bytes, void** ptr) {
-  struct Buffer {
-    void* ptr = nullptr;
-    size_t bytes = 0;
-  };
-  static std::mutex mutex;
-  static std::map<std::tuple<int, cudaStream_t, std::thread::id>, Buffer> buffers;
-  int device = 0;
-  FA_CUDA_TRY(cudaGetDevice(&device));
-  const std::thread::id thread =
-      stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id();
-  const std::lock_guard<std::mutex> lock(mutex);
-  Buffer& buffer = buffers[std::make_tuple(device, stream, thread)];
-  if (buffer.bytes < bytes) {
-    if (buffer.ptr != nullptr) FA_CUDA_TRY(cudaFreeAsync(buffer.ptr, stream));
-    const size_t grown = std::max(bytes, 2 * buffer.bytes);
-    buffer = Buffer();
-    if (cudaMallocAsync(&buffer.ptr, grown, stream) != cudaSuccess) {
-      cudaGetLastError();  // not sticky: clear it, and say what happened
-      buffer.ptr = nullptr;
-      return fa::set_error(FA_ERR_OUT_OF_MEMORY,
-                           "%s: cannot allocate the %zu-byte workspace of the K/V splits",
-                           FA_STEP_NAME, grown);
-    }
-    buffer.bytes = grown;
-  }
-  *ptr = buffer.ptr;
-  return FA_OK;
-}
-
 /// How many chunks to split the K/V sequence of every Q tile into, for `tiles` thread blocks
 /// of whole sequences, `resident` thread blocks that the GPU runs at once (SMs x occupancy)
 /// and `n_blocks` K/V blocks per sequence. When the tiles alone fill every resident slot the
@@ -1012,11 +971,16 @@ fa_status launch(const fa_fwd_args& args, int pack, cudaStream_t stream) {
       return fa::set_error(FA_ERR_UNSUPPORTED, "%s: more than 2^31 - 1 query rows to merge",
                            FA_STEP_NAME);
     const size_t partial_rows = static_cast<size_t>(split.num_splits) * num_pairs * rows;
+    // The stream's buffer, kept between calls (fa/workspace.h): a decode call's kernels take
+    // less time than an allocation would.
+    const size_t bytes = partial_rows * (kHeadDim + 1) * sizeof(float);
     void* workspace = nullptr;
-    if (const fa_status st =
-            split_workspace(stream, partial_rows * (kHeadDim + 1) * sizeof(float), &workspace);
-        st != FA_OK)
-      return st;
+    const cudaError_t alloc = fa::workspace(bytes, stream, &workspace);
+    if (alloc == cudaErrorMemoryAllocation)
+      return fa::set_error(FA_ERR_OUT_OF_MEMORY,
+                           "%s: cannot allocate the %zu-byte workspace of the K/V splits",
+                           FA_STEP_NAME, bytes);
+    FA_CUDA_TRY(alloc);
     split.o_partial = static_cast<float*>(workspace);
     split.lse_partial = split.o_partial + partial_rows * kHeadDim;
     kernel<<<grid, Tr::kNumThreads, Tr::kSmemBytes, stream>>>(

@@ -2,7 +2,8 @@
 /// \brief Device scratch memory that a step keeps from one call to the next.
 ///
 /// A step that needs scratch memory of its own (01_naive's S and P, 02_tiled_fa1's O, m and
-/// \f$\ell\f$) takes it from fa::workspace() instead of allocating and freeing it in every call.
+/// \f$\ell\f$, 08_split_kv's partial results) takes it from fa::workspace() instead of
+/// allocating and freeing it in every call.
 /// The buffer is allocated once, grown when a call needs more and then reused, so that a timed
 /// call measures the kernels, not the allocator: memory freed with cudaFreeAsync goes back to
 /// the system at the next synchronization, so whether the next call finds it again depends on

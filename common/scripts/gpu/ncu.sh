@@ -11,9 +11,10 @@
 #   FA_NCU_STEP              the step (07_backward for bwd, 06_causal_skip for fwd)
 #   FA_NCU_SHAPES="64:4096 128:4096"   head dim : seqlen [: causal 0/1, default 0]; 16K tokens,
 #                            hidden 2048
-#   FA_NCU_PIPES=1           instead of the full set: each pipe's utilization, issue slots and
-#                            the main stall reasons per issued instruction (a few seconds a
-#                            shape; 06_causal_skip/NOTES.md, thirteenth session), printed here
+#   FA_NCU_PIPES=1           instead of the full set: each pipe's utilization, issue slots, L2
+#                            hit rate, device-memory bytes and the main stall reasons per
+#                            issued instruction (a few seconds a shape; 06_causal_skip/NOTES.md,
+#                            thirteenth session), printed here
 # Assumes a tree built for the GPU in $FA_BUILD_DIR (default build-gpu). About 45 s a shape.
 . "$(dirname "$0")/setup.sh" ncu
 command -v ncu > /dev/null || { say "no ncu on this machine"; exit 2; }
@@ -30,6 +31,7 @@ sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,\
 sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,\
 sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,\
 sm__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,sm__inst_executed.sum,\
+lts__t_sector_hit_rate.pct,dram__bytes_read.sum,dram__bytes_write.sum,\
 ${stalls%,}"
 for spec in ${FA_NCU_SHAPES:-64:4096 128:4096}; do
   IFS=: read -r d n causal <<< "$spec"
@@ -43,7 +45,7 @@ for spec in ${FA_NCU_SHAPES:-64:4096 128:4096}; do
     FA_BUILD_DIR=$build timeout 300 ncu --clock-control none --metrics "$pipes" \
       -k regex:"$kernels" -c 4 "${cmp[@]}" > "$out/$name.txt" 2>&1
     say "$name (pipes): rc=$?"
-    grep -E "^  [a-z(].*kernel|duration|inst_executed.sum|issue_active|pipe_(xu|fma|alu)\.avg|tensor_cycles|ratio" \
+    grep -E "^  [a-z(].*kernel|duration|inst_executed.sum|issue_active|pipe_(xu|fma|alu)\.avg|tensor_cycles|hit_rate|dram__bytes|ratio" \
       "$out/$name.txt" | sed -E 's/  +/ /g' | cut -c1-150 | tee -a "$log"
     rm -f "$out/$name.json"
     continue

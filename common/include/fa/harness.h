@@ -23,6 +23,19 @@ enum class Layout {
   kHeadMajor,   ///< BHSD: head_stride = N * d, row_stride = d
 };
 
+/// The layout's name in test and report lines: "contiguous", "padded" or "head-major".
+inline const char* layout_name(Layout layout) {
+  switch (layout) {
+    case Layout::kContiguous:
+      return "contiguous";
+    case Layout::kPadded:
+      return "padded";
+    case Layout::kHeadMajor:
+      return "head-major";
+  }
+  return "unknown";
+}
+
 /// One 16-bit device tensor with its strides.
 struct DeviceTensor {
   uint16_t* data = nullptr;  ///< the allocation (gaps included)

@@ -115,10 +115,7 @@ struct DecodeProblem {
   std::string describe() const {
     std::ostringstream out;
     out << shape.describe() << " scale=" << shape.effective_scale()
-        << " magnitude=" << spec.magnitude << " layout="
-        << (layout == Layout::kContiguous ? "contiguous"
-            : layout == Layout::kPadded   ? "padded"
-                                          : "head-major");
+        << " magnitude=" << spec.magnitude << " layout=" << layout_name(layout);
     return out.str();
   }
 };

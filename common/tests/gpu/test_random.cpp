@@ -120,10 +120,7 @@ struct RandomProblem {
   std::string describe() const {
     std::ostringstream out;
     out << shape.describe() << " scale=" << shape.effective_scale()
-        << " magnitude=" << spec.magnitude << " layout="
-        << (layout == Layout::kContiguous ? "contiguous"
-            : layout == Layout::kPadded   ? "padded"
-                                          : "head-major");
+        << " magnitude=" << spec.magnitude << " layout=" << layout_name(layout);
     out << (all_rows ? " rows=all" : " rows=sampled");
     return out.str();
   }

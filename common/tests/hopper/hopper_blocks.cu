@@ -82,6 +82,16 @@ __device__ char* align_1024(char* p) {
   return p + ((1024 - (fa::smem_u32(p) & 1023)) & 1023);
 }
 
+/// Thread 0 makes `bar` a barrier of one arrival (its own, with the TMA's bytes), initialized
+/// for the whole block and the TMA unit before anyone uses it.
+__device__ void init_load_barrier(uint64_t* bar) {
+  if (threadIdx.x == 0) {
+    fa::mbarrier_init(bar, 1);
+    fa::fence_barrier_init();
+  }
+  __syncthreads();
+}
+
 // ------------------------------------------------------------------------------------------
 // 1. TMA load into the swizzled panels
 // ------------------------------------------------------------------------------------------
@@ -95,11 +105,7 @@ __global__ void tma_load_kernel(const __grid_constant__ CUtensorMap map, int row
   extern __shared__ char smem_raw[];
   char* const tile = align_1024(smem_raw);
   __shared__ uint64_t bar;
-  if (threadIdx.x == 0) {
-    fa::mbarrier_init(&bar, 1);
-    fa::fence_barrier_init();
-  }
-  __syncthreads();
+  init_load_barrier(&bar);
   if (threadIdx.x == 0) {
     fa::mbarrier_arrive_expect_tx(&bar, Tr::kQBytes);
     load_tile<Tr, Tr::kBlockM>(tile, &map, &bar, row0, head, batch);
@@ -189,11 +195,7 @@ __global__ void __launch_bounds__(128 * Tr::kNumConsumers)
   char* const k_tile = q_tile + Tr::kQBytes;
   char* const v_tile = k_tile + Tr::kKBytes;
   __shared__ uint64_t bar;
-  if (threadIdx.x == 0) {
-    fa::mbarrier_init(&bar, 1);
-    fa::fence_barrier_init();
-  }
-  __syncthreads();
+  init_load_barrier(&bar);
   if (threadIdx.x == 0) {
     fa::mbarrier_arrive_expect_tx(&bar, Tr::kQBytes + Tr::kKBytes + Tr::kVBytes);
     load_tile<Tr, Tr::kBlockM>(q_tile, &q_map, &bar, 0, 0, 0);

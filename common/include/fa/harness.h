@@ -23,7 +23,7 @@ enum class Layout {
   kHeadMajor,   ///< BHSD: head_stride = N * d, row_stride = d
 };
 
-/// The layout's name in test and report lines: "contiguous", "padded" or "head-major".
+/// The layout's name as the tests print it: "contiguous", "padded" or "head-major".
 inline const char* layout_name(Layout layout) {
   switch (layout) {
     case Layout::kContiguous:

@@ -6,7 +6,8 @@
 /// - Each of the 4 warps owns its rows of the Q block and sees the whole K/V tile, so its S,
 ///   softmax statistics and o_acc rows are complete in the warp: o_acc moves into registers,
 ///   the warps exchange nothing, the two barriers per K/V block guard the K and V tiles, and O
-///   leaves through the Q tile.
+///   leaves through the Q tile. With S in registers, \f$B_c\f$ at d = 128 is FlashAttention-2's
+///   64 (04: 128), and `__launch_bounds__` drops 04's minimum of 2 thread blocks per SM.
 /// - Riders, each a switch so that README.md measures it alone: the 128-row Q block that a
 ///   register o_acc allows (`-DFA_FWD_BLOCK_M=64` for 64 rows), and no o_acc rescale when no
 ///   row max of the warp grew (`-DFA_RESCALE_SKIP=0` turns that off).

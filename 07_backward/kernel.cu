@@ -56,10 +56,8 @@ namespace {
 // Tile configuration
 // ------------------------------------------------------------------------------------------
 
-// Tuning knobs: K/V rows per block for each head dimension (multiples of 16). The defaults
-// are FlashAttention-2's tiles, the fastest measured on the H200 (see NOTES.md), although
-// ptxas keeps a few loop-invariant registers in local memory with them; e.g.
-// -DFA_FWD_BLOCK_N_D128=32 builds the largest d = 128 tile that spills nothing.
+// Tuning knobs: K/V rows per block for each head dimension. The defaults are FlashAttention-2's
+// \f$B_c\f$; NOTES.md has what other values measured and what they cost in registers.
 #ifndef FA_FWD_BLOCK_N_D64
 #define FA_FWD_BLOCK_N_D64 128
 #endif
@@ -264,8 +262,8 @@ __device__ __forceinline__ void compute_scores(float (&s)[Tr::kMTiles][Tr::kNTil
 
 /// Sets \f$S_{ij} = -\infty\f$ where key j does not exist (\f$j \ge N_k\f$, the ragged last
 /// block) or, under causal masking, where \f$j > i + N_k - N_q\f$ (bottom-right aligned).
-/// `q_row0` is the sequence position of this thread's first row (tile row warp_row0 + group);
-/// a thread holds rows q_row0 + 16 mi + 8 h, and keys kv_start + 8 nj + 2 quad + {0, 1}.
+/// `q_row0` is the sequence position of the first row this thread holds (row `group` of its
+/// warp's rows); it holds rows q_row0 + 16 mi + 8 h, and keys kv_start + 8 nj + 2 quad + {0, 1}.
 template <class Tr>
 __device__ __forceinline__ void apply_mask(float (&s)[Tr::kMTiles][Tr::kNTilesS][4], int q_row0,
                                            int kv_start, int seqlen_q, int seqlen_k, bool causal,
@@ -764,8 +762,8 @@ struct BwdTileShape<128, true> {
 
 /// Every size the main backward kernel derives from its tile shape. Shared memory: K_j, V_j,
 /// two Q buffers, kStagesDo dO buffers, \f$dS^T\f$ (\f$B_c \times B_r\f$), \f$P^T\f$ (same,
-/// kPtInSmem only) and, per Q buffer, the q_block's lse and D. The epilogue reuses it to
-/// stage dK and dV in fp32.
+/// kPtInSmem only), per Q buffer the q_block's lse and D, and (kDqStage: the large shapes)
+/// the fp32 dQ stage of \f$B_r \times d\f$. The epilogue reuses it to stage dK and dV in fp32.
 template <int kHeadDim_, bool kLargeSmem_>
 struct BwdTraits {
   using Shape = BwdTileShape<kHeadDim_, kLargeSmem_>;
@@ -867,8 +865,8 @@ struct DsLayout {
 // struct with one `load` (fragment layouts in fa/mma.cuh):
 //   SmemA  A row-major in shared memory (rows m, columns k): K, V in S^T, dP^T; P^T, dS^T
 //   SmemAt A stored transposed (rows k, columns m): dS read from the dS^T tile
-//   RegA   A in registers, packed by pack_fragments from an earlier product (P^T, dS^T, dS)
-//   SmemBt B stored transposed (rows n, columns k): Q, dO in S^T, dP^T; K, V in S, dP
+//   RegA   A in registers, packed by pack_fragments from an earlier product (P^T, dS^T)
+//   SmemBt B stored transposed (rows n, columns k): Q, dO in S^T, dP^T
 //   SmemB  B row-major (rows k, columns n): dO, Q in dV, dK; K in dQ (as V in the forward)
 
 // Addressing (NOTES.md, change 10): each source folds its run-time tile position (row0, and a first
@@ -886,13 +884,13 @@ template <class Layout>
 struct SmemA {
   const char* tile;
   uint32_t lane_offset;  ///< the lane's offset of (row0, column 0)
-  __device__ __forceinline__ SmemA(const char* t, int r0, int lane)
-      : tile(t), lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), r0, 0)) {}
+  __device__ __forceinline__ SmemA(const char* t, int row0, int lane)
+      : tile(t), lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), row0, 0)) {}
   /// The tile at `base + tile_off` (tile_off a run-time multiple of 128, the double buffers):
   /// tile_off is folded into the lane's offset, so fragments stay `base + offset + immediate`.
-  __device__ __forceinline__ SmemA(const char* base, uint32_t tile_off, int r0, int lane)
+  __device__ __forceinline__ SmemA(const char* base, uint32_t tile_off, int row0, int lane)
       : tile(base),
-        lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), r0, 0) + tile_off) {}
+        lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), row0, 0) + tile_off) {}
   __device__ __forceinline__ void load(uint32_t (&a)[4], int mt, int k) const {
     fa::ldmatrix_x4(a, tile + fragment_offset<Layout>(lane_offset, 16 * mt, 2 * k));
   }
@@ -906,8 +904,8 @@ template <class Layout>
 struct SmemAt {
   const char* tile;
   uint32_t lane_offset;  ///< the lane's offset of (row 0, column row0)
-  __device__ __forceinline__ SmemAt(const char* t, int r0, int lane)
-      : tile(t), lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), 0, r0 / 8)) {}
+  __device__ __forceinline__ SmemAt(const char* t, int row0, int lane)
+      : tile(t), lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), 0, row0 / 8)) {}
   __device__ __forceinline__ void load(uint32_t (&a)[4], int mt, int k) const {
     fa::ldmatrix_x4_trans(a, tile + fragment_offset<Layout>(lane_offset, 16 * k, 2 * mt));
   }
@@ -932,12 +930,12 @@ template <class Layout>
 struct SmemBt {
   const char* tile;
   uint32_t lane_offset;  ///< the lane's offset of (row0, column 0)
-  __device__ __forceinline__ SmemBt(const char* t, int r0, int lane)
-      : tile(t), lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), r0, 0)) {}
+  __device__ __forceinline__ SmemBt(const char* t, int row0, int lane)
+      : tile(t), lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), row0, 0)) {}
   /// As SmemA's: the tile at `base + tile_off`, tile_off a multiple of 128.
-  __device__ __forceinline__ SmemBt(const char* base, uint32_t tile_off, int r0, int lane)
+  __device__ __forceinline__ SmemBt(const char* base, uint32_t tile_off, int row0, int lane)
       : tile(base),
-        lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), r0, 0) + tile_off) {}
+        lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), row0, 0) + tile_off) {}
   __device__ __forceinline__ void load(uint32_t (&b)[2][2], int nt, int k) const {
     uint32_t r[4];
     fa::ldmatrix_x4(r, tile + fragment_offset<Layout>(lane_offset, 8 * nt, 2 * k));
@@ -956,12 +954,15 @@ template <class Layout>
 struct SmemB {
   const char* tile;
   uint32_t lane_offset;  ///< the lane's offset of (k_row0, col0)
-  __device__ __forceinline__ SmemB(const char* t, int kr0, int c0, int lane)
-      : tile(t), lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), kr0, c0 / 8)) {}
+  __device__ __forceinline__ SmemB(const char* t, int k_row0, int col0, int lane)
+      : tile(t),
+        lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), k_row0, col0 / 8)) {}
   /// As SmemA's: the tile at `base + tile_off`, tile_off a multiple of 128.
-  __device__ __forceinline__ SmemB(const char* base, uint32_t tile_off, int kr0, int c0, int lane)
+  __device__ __forceinline__ SmemB(const char* base, uint32_t tile_off, int k_row0, int col0,
+                                   int lane)
       : tile(base),
-        lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), kr0, c0 / 8) + tile_off) {}
+        lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), k_row0, col0 / 8) +
+                    tile_off) {}
   __device__ __forceinline__ void load(uint32_t (&b)[2][2], int nt, int k) const {
     uint32_t r[4];
     fa::ldmatrix_x4_trans(r, tile + fragment_offset<Layout>(lane_offset, 16 * k, nt));

@@ -47,10 +47,12 @@ import argparse
 import csv
 import datetime
 import glob
+import importlib.util
 import io
 import json
 import math
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -139,10 +141,36 @@ def fa2_backward_bytes(B, H, Hkv, Nq, Nk, d, causal, br, bc):
     return reads, writes
 
 
-def parse_blocks(step, d, backward=False):
-    """(B_r, B_c, source) from the step's kernel.cu, else FlashAttention-2's defaults."""
+def lab_source(step, bin_dir):
+    """(folder, step it is a lab for) of a course lab registered in the build that holds
+    bin_dir (FA_LAB_DIRS, read by common/scripts/lab.py), else (None, None)."""
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "lab", os.path.join(REPO, "common", "scripts", "lab.py"))
+        lab = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(lab)
+        for folder in lab.lab_dirs(pathlib.Path(bin_dir).resolve().parent):
+            if folder.name == step:
+                return str(folder), lab.read_meta(folder).get("target")
+    except Exception:  # no lab.py, no build, no lab.json: not a lab this script can place
+        pass
+    return None, None
+
+
+def step_source(step, bin_dir):
+    """(folder of its kernel.cu, the step whose CPU model describes it): a step's own folder,
+    or for a course lab its folder and the step it is a lab for (the lab's own tiles)."""
+    if os.path.isdir(os.path.join(REPO, step)):
+        return os.path.join(REPO, step), step
+    folder, target = lab_source(step, bin_dir)
+    return (folder, target) if folder and target else (os.path.join(REPO, step), step)
+
+
+def parse_blocks(step, d, backward=False, folder=None):
+    """(B_r, B_c, source) from the step's kernel.cu (in `folder`, default the step's own),
+    else FlashAttention-2's defaults."""
     kind = "BwdTileShape" if backward else "TileShape"
-    path = os.path.join(REPO, step, "kernel.cu")
+    path = os.path.join(folder or os.path.join(REPO, step), "kernel.cu")
     try:
         text = open(path).read()
     except OSError:
@@ -160,23 +188,24 @@ def parse_blocks(step, d, backward=False):
     return br, bc, "assumed"
 
 
-def model_bytes(step, direction, shape):
+def model_bytes(step, direction, shape, source=None):
     """(model name, reads, writes, blocks) predicted for one step, or (None, ...) if no
-    CPU model covers it."""
+    CPU model covers it. source: step_source()'s (folder, model step) for a course lab."""
+    folder, model_step = source or (None, step)
     B, H, Hkv, N, d, causal = (shape[k] for k in ("batch", "heads", "heads_kv", "seqlen",
                                                    "head_dim", "causal"))
     if direction == "bwd":
-        model = BACKWARD_MODEL.get(step)
+        model = BACKWARD_MODEL.get(model_step)
         if model is None:
             return None, None, None, None
-        br, bc, src = parse_blocks(step, d, backward=True)
+        br, bc, src = parse_blocks(step, d, backward=True, folder=folder)
         r, w = fa2_backward_bytes(B, H, Hkv, N, N, d, causal, br, bc)
         return model, r, w, {"block_r": br, "block_c": bc, "from": src}
-    model = FORWARD_MODEL.get(step, "fa2")
+    model = FORWARD_MODEL.get(model_step, "fa2")
     if model == "standard":
         r, w = standard_forward_bytes(B, H, Hkv, N, N, d, causal)
         return model, r, w, None
-    br, bc, src = parse_blocks(step, d)
+    br, bc, src = parse_blocks(step, d, folder=folder)
     if model == "fa1":
         r, w = fa1_forward_bytes(B, H, Hkv, N, N, d, causal, br, bc)
     else:
@@ -411,7 +440,8 @@ def main(argv=None):
             if not measure and not (direction == "fwd" and "bwd" in a.directions
                                     and has_backward(step, a.bin)):
                 continue
-            model, mr, mw, blocks = model_bytes(step, direction, shape)
+            model, mr, mw, blocks = model_bytes(step, direction, shape,
+                                                step_source(step, a.bin))
             row = {"step": step, "direction": direction, "model": model, "model_read": mr,
                    "model_write": mw, "blocks": blocks, "error": ""}
             if not a.model_only:

@@ -152,6 +152,17 @@ def step_arch(step, root=ROOT):
     return m.group(1) if m else None
 
 
+def step_sass_checks(step, name, root=ROOT):
+    """The step's fa_add_sass_check() lines with the step renamed to `name` (e.g. 09's: its
+    machine code must use HGMMA and no HMMA), so that a lab gets the same host.sass test."""
+    path = root / step / "CMakeLists.txt"
+    if not path.exists():
+        return []
+    return [re.sub(r"fa_add_sass_check\(\s*" + re.escape(step) + r"\b", f"fa_add_sass_check({name}",
+                   line) for line in path.read_text().splitlines()
+            if re.match(r"\s*fa_add_sass_check\(\s*" + re.escape(step) + r"\b", line)]
+
+
 def load_bugs(step, root=ROOT):
     """The planted bugs of the lab for `step` (instructor folder), [] if it has none."""
     path = root / "common" / "labs" / "instructor" / "bugs" / f"{step}.json"
@@ -323,7 +334,8 @@ def cmd_start(args):
     (lab_dir / "CMakeLists.txt").write_text(
         f"# Course lab {name}: {what}.\n"
         f"# Created by common/scripts/lab.py (handout: {handout}); registered like a step.\n"
-        f"fa_add_step({name}{' ARCH ' + arch if arch else ''})\n")
+        f"fa_add_step({name}{' ARCH ' + arch if arch else ''})\n"
+        + "".join(line + "\n" for line in step_sass_checks(target, name)))
     meta = {"name": name, "target": target, "source": source, "variant": variant,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "repository": str(ROOT)}
@@ -1184,7 +1196,8 @@ def main(argv=None):
     p.add_argument("--no-speed", "--no-bench", dest="no_speed", action="store_true",
                    help="correctness only (the result says so)")
     p.add_argument("--quick", action="store_true",
-                   help="fp16 matrix only, without the two largest edge cases")
+                   help="fp16 matrix only, without the two largest edge cases "
+                        "(the random and decode problems still run)")
     p.add_argument("--fail-fast", action="store_true",
                    help="stop a lab's tests at its first failure")
     p.add_argument("--jobs", type=int, default=4, help="labs tested side by side (default 4)")

@@ -121,3 +121,27 @@ def test_model_only_runs_without_a_gpu(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| 01_naive | fwd |" in text and "standard" in text
     assert out.exists() and (tmp_path / "io.md").exists()
+
+
+def test_a_lab_gets_its_steps_model_and_its_own_tiles(tmp_path):
+    # A course lab (common/scripts/lab.py start) is a folder in the build's FA_LAB_DIRS with a
+    # lab.json naming the step it is for: it is modelled as that step, with the lab's tiles.
+    lab = tmp_path / "labs" / "lab_02_mine"
+    lab.mkdir(parents=True)
+    text = open(os.path.join(pio.REPO, "02_tiled_fa1", "kernel.cu")).read()
+    (lab / "kernel.cu").write_text(text)
+    (lab / "lab.json").write_text('{"name": "lab_02_mine", "target": "02_tiled_fa1"}\n')
+    (tmp_path / "build" / "bin").mkdir(parents=True)
+    (tmp_path / "build" / "CMakeCache.txt").write_text("FA_LAB_DIRS:STRING=%s\n" % lab)
+    bin_dir = str(tmp_path / "build" / "bin")
+    shape = {"batch": 1, "heads": 16, "heads_kv": 16, "seqlen": 4096, "head_dim": 128,
+             "causal": False}
+    source = pio.step_source("lab_02_mine", bin_dir)
+    assert source == (str(lab), "02_tiled_fa1")
+    model, r, w, blocks = pio.model_bytes("lab_02_mine", "fwd", shape, source)
+    ref = pio.model_bytes("02_tiled_fa1", "fwd", shape)
+    assert (model, r, w) == ref[:3] and model == "fa1"
+    assert blocks["from"] == "lab_02_mine/kernel.cu"
+    # Not a lab and not a step: FlashAttention-2's model and tiles, said to be assumed.
+    assert pio.step_source("99_unknown", bin_dir)[1] == "99_unknown"
+    assert pio.model_bytes("99_unknown", "fwd", shape)[3]["from"] == "assumed"

@@ -275,7 +275,7 @@ std::string runner_usage(const std::string& program) {
          "  --scale X          softmax scale (1/sqrt(head dim))\n"
          "  --magnitude X      Q, K uniform in [-X, X] (1)\n"
          "  --backward         time the backward pass (after a forward)\n"
-         "  --no-ceilings      skip measuring the mma.sync and cuBLAS ceilings\n" +
+         "  --no-ceilings      skip measuring the ceilings (mma.sync, cuBLAS, copy, wgmma)\n" +
          run_flags_usage(RunnerOptions());
 }
 

@@ -53,6 +53,15 @@ bool read_settings(std::string* error) {
   s.random_max_seqlen = static_cast<int>(n);
   if (env_double("FA_RANDOM_SECONDS", 0, 1e7, &s.random_seconds, error) == EnvStatus::kInvalid)
     return false;
+  n = s.decode_problems;
+  if (env_int("FA_DECODE_PROBLEMS", 1, 10000000, &n, error) == EnvStatus::kInvalid) return false;
+  s.decode_problems = static_cast<int>(n);
+  n = s.decode_max_seqlen_k;
+  if (env_int("FA_DECODE_MAX_SEQLEN_K", 1, 1 << 24, &n, error) == EnvStatus::kInvalid) return false;
+  s.decode_max_seqlen_k = static_cast<int>(n);
+  const EnvStatus decode_seed = env_u64("FA_DECODE_SEED", &s.decode_seed, error);
+  if (decode_seed == EnvStatus::kInvalid) return false;
+  s.decode_seed_set = decode_seed == EnvStatus::kOk;
   long long smem = 0;
   if (env_smem_limit(&smem, error) == EnvStatus::kInvalid) return false;
   g_settings = s;

@@ -36,15 +36,20 @@ constexpr int kDefaultRandomProblems = 24;
 struct Settings {
   uint64_t base_seed = 0;                        ///< FA_TEST_SEED, else from the clock
   int random_problems = kDefaultRandomProblems;  ///< FA_RANDOM_PROBLEMS (1 .. 10^7)
-  bool random_seed_set = false;  ///< FA_RANDOM_SEED was given: run exactly those seeds
-  uint64_t random_seed = 0;      ///< FA_RANDOM_SEED
-  int random_max_seqlen = 4224;  ///< FA_RANDOM_MAX_SEQLEN (1 .. 2^20)
-  double random_seconds = 0;     ///< FA_RANDOM_SECONDS (> 0), else 0: no time limit
+  bool random_seed_set = false;     ///< FA_RANDOM_SEED was given: run exactly those seeds
+  uint64_t random_seed = 0;         ///< FA_RANDOM_SEED
+  int random_max_seqlen = 4224;     ///< FA_RANDOM_MAX_SEQLEN (1 .. 2^20)
+  double random_seconds = 0;        ///< FA_RANDOM_SECONDS (> 0), else 0: no time limit
+  int decode_problems = 24;         ///< FA_DECODE_PROBLEMS (1 .. 10^7)
+  int decode_max_seqlen_k = 65536;  ///< FA_DECODE_MAX_SEQLEN_K (1 .. 2^24)
+  bool decode_seed_set = false;     ///< FA_DECODE_SEED was given: run only that problem
+  uint64_t decode_seed = 0;         ///< FA_DECODE_SEED
 };
 
 /// Reads every FA_* variable the suite uses (FA_TEST_SEED, FA_RANDOM_PROBLEMS, FA_RANDOM_SEED,
-/// FA_RANDOM_MAX_SEQLEN, FA_RANDOM_SECONDS, and FA_SMEM_LIMIT, which libfa reads); false with
-/// a one-line `error` on the first invalid one.
+/// FA_RANDOM_MAX_SEQLEN, FA_RANDOM_SECONDS, FA_DECODE_PROBLEMS, FA_DECODE_MAX_SEQLEN_K,
+/// FA_DECODE_SEED, and FA_SMEM_LIMIT, which libfa reads); false with a one-line `error` on
+/// the first invalid one.
 bool read_settings(std::string* error);
 
 /// The settings read_settings() found (defaults before it runs).

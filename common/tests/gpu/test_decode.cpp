@@ -95,14 +95,6 @@ INSTANTIATE_TEST_SUITE_P(Decode, DecodeConformance, testing::ValuesIn(make_decod
 // ---------------------------------------------------------------------------------------
 // Random decode problems.
 
-int env_int(const char* name, int fallback) {
-  if (const char* env = std::getenv(name)) {
-    const int n = std::atoi(env);
-    if (n >= 0) return n;
-  }
-  return fallback;
-}
-
 /// One random decode problem: seqlen_q 1..16, seqlen_k log-uniform in [1, max_k], batch 1..4,
 /// heads_kv 1..8 with 1..8 query heads each, a head dim the step supports (64 or 128), fp16
 /// or bf16, causal half of the time, a custom scale or inputs of magnitude 50 sometimes,
@@ -163,15 +155,15 @@ class DecodeRandom : public testing::TestWithParam<std::string> {};
 TEST_P(DecodeRandom, Problems) {
   FA_REQUIRE_GPU();
   const std::string& step = GetParam();
-  const int count = env_int("FA_DECODE_PROBLEMS", 24);
-  const int max_k = std::max(1, env_int("FA_DECODE_MAX_SEQLEN_K", 65536));
+  const int count = settings().decode_problems;  // read strictly at start (gpu_main.cpp)
+  const int max_k = settings().decode_max_seqlen_k;
   uint64_t seed0 = test_seed("decode_random/" + step);
   // FA_DECODE_SEED: only the problem of that seed (each failure prints it), on every step the
   // filter selects, each step's error printed: is a failure one step's or every step's?
-  const char* only = std::getenv("FA_DECODE_SEED");
-  if (only != nullptr) seed0 = std::strtoull(only, nullptr, 10);
+  const bool only = settings().decode_seed_set;
+  if (only) seed0 = settings().decode_seed;
   int failed = 0, causal = 0, grouped = 0, longest = 0;
-  for (int i = 0; i < (only != nullptr ? 1 : count); ++i) {
+  for (int i = 0; i < (only ? 1 : count); ++i) {
     const DecodeProblem rp = draw_decode_problem(seed0 + i, step, max_k);
     causal += rp.shape.causal;
     grouped += rp.shape.heads > rp.shape.heads_kv;
@@ -179,8 +171,9 @@ TEST_P(DecodeRandom, Problems) {
     const HostProblem p = make_problem(rp.shape, rp.spec);
     DeviceProblem dp(p, rp.layout, false);
     const CheckResult r = check_forward(step, dp, p, all_q_rows(rp.shape));
-    if (only != nullptr) {
-      std::printf("[ decode   ] %s, seed %s: %s\n  %s\n", step.c_str(), only, rp.describe().c_str(),
+    if (only) {
+      std::printf("[ decode   ] %s, seed %llu: %s\n  %s\n", step.c_str(),
+                  static_cast<unsigned long long>(seed0), rp.describe().c_str(),
                   r.summary().c_str());
       for (const RowId& row : all_q_rows(rp.shape)) {  // the rows whose L is off by 1e-3 or more
         const CheckResult one = compare_forward(dp, p, {row});

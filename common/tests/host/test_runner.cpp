@@ -102,7 +102,7 @@ TEST(Bench, BadValuesAreOneLineAndExitTwo) {
 }
 
 // The GPU suite refuses to run (and so fails) on a variable it cannot read, before any test:
-// FA_RANDOM_PROBLEMS=abc used to run zero random problems and pass.
+// FA_RANDOM_PROBLEMS=abc (and FA_DECODE_PROBLEMS=abc) used to run zero problems and pass.
 TEST(GpuSuite, InvalidEnvironmentFailsBeforeAnyTest) {
   const struct {
     const char* env;
@@ -122,6 +122,10 @@ TEST(GpuSuite, InvalidEnvironmentFailsBeforeAnyTest) {
       {"FA_RANDOM_SECONDS=nan", "FA_RANDOM_SECONDS=nan: expected a number > 0"},
       {"FA_RANDOM_SECONDS=-5", "FA_RANDOM_SECONDS=-5"},
       {"FA_SMEM_LIMIT=1e5", "FA_SMEM_LIMIT=1e5: expected a positive number of bytes"},
+      {"FA_DECODE_PROBLEMS=abc", "FA_DECODE_PROBLEMS=abc: expected a whole number from 1 to"},
+      {"FA_DECODE_PROBLEMS=0", "FA_DECODE_PROBLEMS=0"},
+      {"FA_DECODE_MAX_SEQLEN_K=64k", "FA_DECODE_MAX_SEQLEN_K=64k"},
+      {"FA_DECODE_SEED=-7", "FA_DECODE_SEED=-7: expected a whole number"},
   };
   for (const auto& c : cases) {
     const Outcome o = run("fa_gpu_tests", "--gtest_filter=RandomGenerator.*", c.env);

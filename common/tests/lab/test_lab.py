@@ -270,6 +270,17 @@ class LabHostTests(unittest.TestCase):
         self.assertNotIn(bug["edits"][0]["find"], text)
         meta = json.loads((self.labs / f"bug_06_{bug['name']}" / "lab.json").read_text())
         self.assertEqual(meta["variant"], f"bug:{bug['name']}")
+        # A Hopper lab gets its step's SASS check (HGMMA, no HMMA) under the lab's name; a
+        # step without one gives its lab none.
+        status, out = lab("start", "09", "--name", "lab_09_sass", "--no-configure", "--dir",
+                          self.labs, "--build", self.build)
+        self.assertEqual(status, 0, out)
+        cmake = (self.labs / "lab_09_sass" / "CMakeLists.txt").read_text()
+        self.assertIn("fa_add_step(lab_09_sass ARCH 90a)", cmake)
+        self.assertIn("fa_add_sass_check(lab_09_sass REQUIRE HGMMA", cmake)
+        self.assertIn("FORBID HMMA)", cmake)
+        self.assertNotIn("fa_add_sass_check", (self.labs / "ref_06_causal_skip" /
+                                               "CMakeLists.txt").read_text())
 
     def test_9_speed_check(self):
         m = self.m

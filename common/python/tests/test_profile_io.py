@@ -128,8 +128,9 @@ def test_a_lab_gets_its_steps_model_and_its_own_tiles(tmp_path):
     # lab.json naming the step it is for: it is modelled as that step, with the lab's tiles.
     lab = tmp_path / "labs" / "lab_02_mine"
     lab.mkdir(parents=True)
-    text = open(os.path.join(pio.REPO, "02_tiled_fa1", "kernel.cu")).read()
-    (lab / "kernel.cu").write_text(text)
+    (lab / "kernel.cu").write_text(
+        "template <> struct TileShape<128> {\n"
+        "  static constexpr int kBlockM = 32, kBlockN = 128, kNumWarps = 4;\n};\n")
     (lab / "lab.json").write_text('{"name": "lab_02_mine", "target": "02_tiled_fa1"}\n')
     (tmp_path / "build" / "bin").mkdir(parents=True)
     (tmp_path / "build" / "CMakeCache.txt").write_text("FA_LAB_DIRS:STRING=%s\n" % lab)
@@ -139,9 +140,9 @@ def test_a_lab_gets_its_steps_model_and_its_own_tiles(tmp_path):
     source = pio.step_source("lab_02_mine", bin_dir)
     assert source == (str(lab), "02_tiled_fa1")
     model, r, w, blocks = pio.model_bytes("lab_02_mine", "fwd", shape, source)
-    ref = pio.model_bytes("02_tiled_fa1", "fwd", shape)
-    assert (model, r, w) == ref[:3] and model == "fa1"
-    assert blocks["from"] == "lab_02_mine/kernel.cu"
-    # Not a lab and not a step: FlashAttention-2's model and tiles, said to be assumed.
+    assert model == "fa1"  # 02's model, not FlashAttention-2's
+    assert (r, w) == pio.fa1_forward_bytes(1, 16, 16, 4096, 4096, 128, False, 32, 128)
+    assert blocks == {"block_r": 32, "block_c": 128, "from": "lab_02_mine/kernel.cu"}
+    # Neither a lab nor a step: FlashAttention-2's model and tiles, said to be assumed.
     assert pio.step_source("99_unknown", bin_dir)[1] == "99_unknown"
     assert pio.model_bytes("99_unknown", "fwd", shape)[3]["from"] == "assumed"

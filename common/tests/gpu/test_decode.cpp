@@ -162,8 +162,9 @@ TEST_P(DecodeRandom, Problems) {
   // filter selects, each step's error printed: is a failure one step's or every step's?
   const bool only = settings().decode_seed_set;
   if (only) seed0 = settings().decode_seed;
+  const int runs = only ? 1 : count;
   int failed = 0, causal = 0, grouped = 0, longest = 0;
-  for (int i = 0; i < (only ? 1 : count); ++i) {
+  for (int i = 0; i < runs; ++i) {
     const DecodeProblem rp = draw_decode_problem(seed0 + i, step, max_k);
     causal += rp.shape.causal;
     grouped += rp.shape.heads > rp.shape.heads_kv;
@@ -184,7 +185,7 @@ TEST_P(DecodeRandom, Problems) {
     }
     if (r.ok) continue;
     ++failed;
-    ADD_FAILURE() << step << ", decode problem " << i + 1 << " of " << count << ", seed "
+    ADD_FAILURE() << step << ", decode problem " << i + 1 << " of " << runs << ", seed "
                   << seed0 + i << ":\n  " << rp.describe() << "\n  " << r.first_failure()
                   << "\n  reproduce: FA_TEST_SEED=" << base_seed()
                   << " ./build/bin/fa_gpu_tests --gtest_filter='Decode/DecodeRandom.Problems/"
@@ -194,8 +195,8 @@ TEST_P(DecodeRandom, Problems) {
   std::printf(
       "[ decode   ] %s: %d problems, %d failed (causal %d, GQA/MQA %d, Nk up to %d); "
       "seeds %llu..%llu\n",
-      step.c_str(), count, failed, causal, grouped, longest, static_cast<unsigned long long>(seed0),
-      static_cast<unsigned long long>(seed0 + std::max(count, 1) - 1));
+      step.c_str(), runs, failed, causal, grouped, longest, static_cast<unsigned long long>(seed0),
+      static_cast<unsigned long long>(seed0 + std::max(runs, 1) - 1));
 }
 
 INSTANTIATE_TEST_SUITE_P(Decode, DecodeRandom, testing::ValuesIn(registered_steps()),

@@ -29,11 +29,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "fa/check.cuh"
-#include "fa/env.h"
 #include "fa/step.h"
 #include "fa/workspace.h"
 
@@ -69,14 +67,11 @@ constexpr size_t aligned(size_t bytes) {
 /// does not see cuBLAS's writes on Hopper (common/scripts/initcheck_cublas.cu: a GEMM's output,
 /// read by a one-line kernel, is reported uninitialized), so without this every read of S, dP
 /// and the dK/dV accumulators by the kernels below is a false report. Normal runs skip it.
-/// The variable is 0 or 1 (unset: 0); any other value is an error, as for every FA_* variable.
-fa_status prefill_for_initcheck(void* ptr, size_t bytes, cudaStream_t stream) {
-  long long prefill = 0;
-  std::string error;
-  if (fa::env_int("FA_INITCHECK_PREFILL", 0, 1, &prefill, &error) == fa::EnvStatus::kInvalid)
-    return fa::set_error(FA_ERR_INVALID_ARGUMENT, "%s", error.c_str());
-  if (prefill) FA_CUDA_TRY(cudaMemsetAsync(ptr, 0, bytes, stream));
-  return FA_OK;
+/// Any value but 0 (or empty) turns it on: an internal switch that only sanitize.sh sets.
+cudaError_t prefill_for_initcheck(void* ptr, size_t bytes, cudaStream_t stream) {
+  static const char* const env = std::getenv("FA_INITCHECK_PREFILL");
+  static const bool prefill = env != nullptr && env[0] != '\0' && env[0] != '0';
+  return prefill ? cudaMemsetAsync(ptr, 0, bytes, stream) : cudaSuccess;
 }
 
 template <typename T>
@@ -169,7 +164,7 @@ fa_status forward_impl(const fa_fwd_args& a, cudaStream_t stream) {
   T* p = reinterpret_cast<T*>(static_cast<char*>(scratch) + s_bytes);
   float* lse =
       a.lse ? a.lse : reinterpret_cast<float*>(static_cast<char*>(scratch) + s_bytes + p_bytes);
-  if (const fa_status st = prefill_for_initcheck(s, s_bytes, stream); st != FA_OK) return st;
+  FA_CUDA_TRY(prefill_for_initcheck(s, s_bytes, stream));
 
   const cudaDataType_t dt = std::is_same<T, __half>::value ? CUDA_R_16F : CUDA_R_16BF;
   const int group = a.heads / a.heads_kv;  // query heads per key/value head (GQA)
@@ -345,10 +340,9 @@ fa_status backward_impl(const fa_bwd_args& args, cudaStream_t stream) {
   float* s = reinterpret_cast<float*>(base + 2 * acc_bytes);
   T* p = reinterpret_cast<T*>(base + 2 * acc_bytes + s_bytes);
   T* ds = reinterpret_cast<T*>(base + 2 * acc_bytes + s_bytes + p_bytes);
-  fa_status prefilled = prefill_for_initcheck(s, s_bytes, stream);
-  if (prefilled == FA_OK) prefilled = prefill_for_initcheck(dk_acc, acc_bytes, stream);
-  if (prefilled == FA_OK) prefilled = prefill_for_initcheck(dv_acc, acc_bytes, stream);
-  if (prefilled != FA_OK) return prefilled;
+  FA_CUDA_TRY(prefill_for_initcheck(s, s_elems * sizeof(float), stream));
+  FA_CUDA_TRY(prefill_for_initcheck(dk_acc, kv_elems * sizeof(float), stream));
+  FA_CUDA_TRY(prefill_for_initcheck(dv_acc, kv_elems * sizeof(float), stream));
 
   const cudaDataType_t dt = std::is_same<T, __half>::value ? CUDA_R_16F : CUDA_R_16BF;
   const int group = a.heads / a.heads_kv;

@@ -869,8 +869,8 @@ struct DsLayout {
 //   SmemBt B stored transposed (rows n, columns k): Q, dO in S^T, dP^T
 //   SmemB  B row-major (rows k, columns n): dO, Q in dV, dK; K in dQ (as V in the forward)
 
-// Addressing (NOTES.md, change 10): each source folds its run-time tile position (row0, and a first
-// column chunk c0) into the lane's offset once, `fragment_offset(lane_offset, row0, c0)`, and a
+// Addressing (NOTES.md, change 10): each source folds its run-time tile position (r0, and a first
+// column chunk c0) into the lane's offset once, `fragment_offset(lane_offset, r0, c0)`, and a
 // fragment then is `fragment_offset(that, r, n)` with r, n compile-time (the unrolled mt, nt,
 // k): one XOR with a constant (CSEd over the fragments that share n & 7) and an immediate.
 // fragment_offset(fragment_offset(x, R, c0), r, n) == fragment_offset(x, R + r, c0 + n) holds
@@ -879,33 +879,33 @@ struct DsLayout {
 // bits, and the rows and the high chunk bits only add multiples of 128 bytes.
 
 /// A operand from a swizzled row-major tile whose rows are the m index: rows
-/// row0 + 16 mt + [0, 16), columns 16 k + [0, 16), one ldmatrix.x4.
+/// r0 + 16 mt + [0, 16), columns 16 k + [0, 16), one ldmatrix.x4.
 template <class Layout>
 struct SmemA {
   const char* tile;
-  uint32_t lane_offset;  ///< the lane's offset of (row0, column 0)
-  __device__ __forceinline__ SmemA(const char* t, int row0, int lane)
-      : tile(t), lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), row0, 0)) {}
+  uint32_t lane_offset;  ///< the lane's offset of (r0, column 0)
+  __device__ __forceinline__ SmemA(const char* t, int r0, int lane)
+      : tile(t), lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), r0, 0)) {}
   /// The tile at `base + tile_off` (tile_off a run-time multiple of 128, the double buffers):
   /// tile_off is folded into the lane's offset, so fragments stay `base + offset + immediate`.
-  __device__ __forceinline__ SmemA(const char* base, uint32_t tile_off, int row0, int lane)
+  __device__ __forceinline__ SmemA(const char* base, uint32_t tile_off, int r0, int lane)
       : tile(base),
-        lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), row0, 0) + tile_off) {}
+        lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), r0, 0) + tile_off) {}
   __device__ __forceinline__ void load(uint32_t (&a)[4], int mt, int k) const {
     fa::ldmatrix_x4(a, tile + fragment_offset<Layout>(lane_offset, 16 * mt, 2 * k));
   }
 };
 
 /// A operand whose tile holds \f$A^T\f$ (rows k, columns m): rows 16 k + [0, 16), columns
-/// row0 + 16 mt + [0, 16), one ldmatrix.x4.trans (each 8x8 matrix transposed on the way).
-/// row0 is a multiple of 32 and kMTiles <= 2 (dQ's two m16 tiles): chunk row0 / 8 + 2 mt
+/// r0 + 16 mt + [0, 16), one ldmatrix.x4.trans (each 8x8 matrix transposed on the way).
+/// r0 is a multiple of 32 and kMTiles <= 2 (dQ's two m16 tiles): chunk r0 / 8 + 2 mt
 /// has no carry.
 template <class Layout>
 struct SmemAt {
   const char* tile;
-  uint32_t lane_offset;  ///< the lane's offset of (row 0, column row0)
-  __device__ __forceinline__ SmemAt(const char* t, int row0, int lane)
-      : tile(t), lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), 0, row0 / 8)) {}
+  uint32_t lane_offset;  ///< the lane's offset of (row 0, column r0)
+  __device__ __forceinline__ SmemAt(const char* t, int r0, int lane)
+      : tile(t), lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), 0, r0 / 8)) {}
   __device__ __forceinline__ void load(uint32_t (&a)[4], int mt, int k) const {
     fa::ldmatrix_x4_trans(a, tile + fragment_offset<Layout>(lane_offset, 16 * k, 2 * mt));
   }
@@ -925,17 +925,17 @@ struct RegA {
 };
 
 /// B operand whose tile holds \f$B^T\f$ (rows n, columns k, as K in \f$Q K^T\f$): n8 tiles nt
-/// and nt + 1 = rows row0 + 8 nt + [0, 16), columns 16 k + [0, 16), one ldmatrix.x4.
+/// and nt + 1 = rows r0 + 8 nt + [0, 16), columns 16 k + [0, 16), one ldmatrix.x4.
 template <class Layout>
 struct SmemBt {
   const char* tile;
-  uint32_t lane_offset;  ///< the lane's offset of (row0, column 0)
-  __device__ __forceinline__ SmemBt(const char* t, int row0, int lane)
-      : tile(t), lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), row0, 0)) {}
+  uint32_t lane_offset;  ///< the lane's offset of (r0, column 0)
+  __device__ __forceinline__ SmemBt(const char* t, int r0, int lane)
+      : tile(t), lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), r0, 0)) {}
   /// As SmemA's: the tile at `base + tile_off`, tile_off a multiple of 128.
-  __device__ __forceinline__ SmemBt(const char* base, uint32_t tile_off, int row0, int lane)
+  __device__ __forceinline__ SmemBt(const char* base, uint32_t tile_off, int r0, int lane)
       : tile(base),
-        lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), row0, 0) + tile_off) {}
+        lane_offset(fragment_offset<Layout>(b_lane_offset<Layout>(lane), r0, 0) + tile_off) {}
   __device__ __forceinline__ void load(uint32_t (&b)[2][2], int nt, int k) const {
     uint32_t r[4];
     fa::ldmatrix_x4(r, tile + fragment_offset<Layout>(lane_offset, 8 * nt, 2 * k));
@@ -947,22 +947,19 @@ struct SmemBt {
 };
 
 /// B operand from a row-major tile (rows k, columns n, as V in \f$P V\f$): rows
-/// k_row0 + 16 k + [0, 16), columns col0 + 8 nt + [0, 16), one ldmatrix.x4.trans. k_row0 is a
-/// multiple of 16; col0 / 8 a multiple of the power of 2 at or above the warp's n8 tiles
-/// (dK, dV: kKvNTiles; dQ: kDqNTiles), so chunk col0 / 8 + nt has no carry.
+/// kr0 + 16 k + [0, 16), columns c0 + 8 nt + [0, 16), one ldmatrix.x4.trans. kr0 is a
+/// multiple of 16; c0 / 8 a multiple of the power of 2 at or above the warp's n8 tiles
+/// (dK, dV: kKvNTiles; dQ: kDqNTiles), so chunk c0 / 8 + nt has no carry.
 template <class Layout>
 struct SmemB {
   const char* tile;
-  uint32_t lane_offset;  ///< the lane's offset of (k_row0, col0)
-  __device__ __forceinline__ SmemB(const char* t, int k_row0, int col0, int lane)
-      : tile(t),
-        lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), k_row0, col0 / 8)) {}
+  uint32_t lane_offset;  ///< the lane's offset of (kr0, c0)
+  __device__ __forceinline__ SmemB(const char* t, int kr0, int c0, int lane)
+      : tile(t), lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), kr0, c0 / 8)) {}
   /// As SmemA's: the tile at `base + tile_off`, tile_off a multiple of 128.
-  __device__ __forceinline__ SmemB(const char* base, uint32_t tile_off, int k_row0, int col0,
-                                   int lane)
+  __device__ __forceinline__ SmemB(const char* base, uint32_t tile_off, int kr0, int c0, int lane)
       : tile(base),
-        lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), k_row0, col0 / 8) +
-                    tile_off) {}
+        lane_offset(fragment_offset<Layout>(a_lane_offset<Layout>(lane), kr0, c0 / 8) + tile_off) {}
   __device__ __forceinline__ void load(uint32_t (&b)[2][2], int nt, int k) const {
     uint32_t r[4];
     fa::ldmatrix_x4_trans(r, tile + fragment_offset<Layout>(lane_offset, 16 * k, nt));

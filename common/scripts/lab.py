@@ -608,22 +608,37 @@ def recorded_gain(baseline, reference, direction, shapes, root=ROOT):
     return None
 
 
+def same_code(path, commit, root=ROOT):
+    """Whether `path` holds the same code at `commit` as at HEAD, comments and whitespace aside
+    (diff_report.code_lines): a comment edit does not change what the bench measured."""
+    texts = []
+    for rev in (commit, "HEAD"):
+        status, text = run(["git", "-C", root, "show", f"{rev}:{path}"])
+        if status != 0:
+            return False
+        texts.append("".join("".join(diff_report.code_lines(text.splitlines())).split()))
+    return texts[0] == texts[1]
+
+
 def recorded_is_stale(baseline, reference, direction, shapes, root=ROOT):
-    """Why the recorded gain of `reference` over `baseline` no longer describes the steps (their
-    kernel.cu changed after the commit the bench measured, or that commit is unknown here), or
-    "" if it still does. Needs the repository's history: `pack` asks it and writes the answer
-    into the pack (pack.json, "stale_recorded"), whose own history is one commit."""
+    """Why the recorded gain of `reference` over `baseline` no longer describes the steps (the
+    code of their kernel.cu changed after the commit the bench measured, or that commit is
+    unknown here), or "" if it still does. Needs the repository's history: `pack` asks it and
+    writes the answer into the pack (pack.json, "stale_recorded"), whose own history is one
+    commit."""
     got = recorded_gain(baseline, reference, direction, shapes, root)
     if got is None:
         return ""
     commit = got[2]
-    status, out = run(["git", "-C", root, "log", "--format=%h", f"{commit}..HEAD", "--",
-                       f"{baseline}/kernel.cu", f"{reference}/kernel.cu"])
+    paths = [f"{baseline}/kernel.cu", f"{reference}/kernel.cu"]
+    status, out = run(["git", "-C", root, "log", "--format=%h", f"{commit}..HEAD", "--", *paths])
     if status != 0 or not commit:
         return f"the recorded figures' commit {commit or '?'} is not in this history"
     changed = out.split()
-    return (f"{baseline} or {reference} changed after the recorded figures' commit {commit} "
-            f"({len(changed)} commit(s))") if changed else ""
+    if not changed or all(same_code(p, commit, root) for p in paths):
+        return ""
+    return (f"the code of {baseline} or {reference} changed after the recorded figures' commit "
+            f"{commit} ({len(changed)} commit(s))")
 
 
 def speed_verdict(table, lab, baseline, reference, shapes, recorded=None):

@@ -340,7 +340,8 @@ class LabHostTests(unittest.TestCase):
 
     def test_recorded_gain_goes_stale_when_a_step_changes(self):
         """A gain recorded on the reference GPU stands in for a reference a pack leaves out, but
-        only while neither step's kernel.cu changed after the commit that measured it."""
+        only while the code of neither step's kernel.cu changed after the commit that measured
+        it (a comment edit, or the same code wrapped otherwise, keeps it)."""
         m = self.m
         root = self.tmp / "stale_repo"
         (root / "docs" / "results").mkdir(parents=True)
@@ -354,7 +355,7 @@ class LabHostTests(unittest.TestCase):
         git("init", "-q")
         for step in ("01_a", "02_b"):
             (root / step).mkdir()
-            (root / step / "kernel.cu").write_text("// v1\n")
+            (root / step / "kernel.cu").write_text("// v1\nint f(int a, int b) { return a + b; }\n")
         git("add", "-A")
         git("commit", "-q", "-m", "v1")
         measured = git("rev-parse", "--short=12", "HEAD")
@@ -370,9 +371,15 @@ class LabHostTests(unittest.TestCase):
         git("add", "-A")
         git("commit", "-q", "-m", "docs")
         self.assertEqual(m.recorded_is_stale("01_a", "02_b", "fwd", [shape], root), "")
-        (root / "02_b" / "kernel.cu").write_text("// v2\n")
+        (root / "02_b" / "kernel.cu").write_text(
+            "/// v1, explained\n/* at length */ int f(int a,\n      int b) {  // wrapped\n"
+            "  return a + b;\n}\n")
+        git("commit", "-q", "-am", "comments and wrapping")
+        self.assertEqual(m.recorded_is_stale("01_a", "02_b", "fwd", [shape], root), "")
+        (root / "02_b" / "kernel.cu").write_text("// v2\nint f(int a, int b) { return a - b; }\n")
         git("commit", "-q", "-am", "v2")
-        self.assertIn("changed after", m.recorded_is_stale("01_a", "02_b", "fwd", [shape], root))
+        self.assertIn("code of 01_a or 02_b changed after",
+                      m.recorded_is_stale("01_a", "02_b", "fwd", [shape], root))
         doc = json.loads((root / "docs" / "results" / "gpu_bench.json").read_text())
         doc["run"]["commit"] = "0123456789ab"
         (root / "docs" / "results" / "gpu_bench.json").write_text(json.dumps(doc))

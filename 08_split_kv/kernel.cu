@@ -17,9 +17,9 @@
 ///   of one K/V head read the same keys. With few query rows they share one tile: packed row r
 ///   of a tile is query position r / pack of query head r % pack, so each K/V chunk is read
 ///   once for the whole group.
-/// - **A tile for few rows.** Packed decode problems have 1..64 rows per K/V head: they get a
-///   64-row tile with a deeper K/V pipeline (the work is memory-bound), and a warp whose rows
-///   are all padding skips the arithmetic.
+/// - **A tile for few rows.** Decode problems (N_q <= 64, so up to 64 g packed rows per K/V
+///   head) get a 64-row tile with its own K/V ring (4 stages at d = 64, 2 at d = 128; the work
+///   is memory-bound), and a warp whose rows are all padding skips the arithmetic.
 ///
 /// Everything else is step 06: the causal loop bound and diagonal-only masking, 4 warps split
 /// the tile's rows, each warp's S, softmax statistics and o_acc stay in its registers, and the
@@ -97,9 +97,9 @@ struct TileShape<128> {
 };
 
 /// The tile for few query rows (decoding): 64 rows, 16 per warp, and kStages K/V stages in a
-/// ring, so that kStages - 1 of them load while one is computed. Packed decode problems have
-/// 1..64 rows per K/V head and do little arithmetic per key (\f$4 d\f$ FLOPs per key and
-/// row): the time is the time to read K and V. At d = 128, 64 keys in 2 stages read fastest
+/// ring, so that kStages - 1 of them load while one is computed. Decode problems (N_q <= 64)
+/// have up to 64 g packed rows per K/V head and do little arithmetic per key (\f$4 d\f$ FLOPs per
+/// key and row): the time is the time to read K and V. At d = 128, 64 keys in 2 stages read fastest
 /// of the tiles measured on the H200 (NOTES.md): half the loop iterations and barriers per
 /// byte of 32-key blocks; deeper rings did not help. Shared memory: \f$(64 + 2 \cdot
 /// k_{stages} B_c)\, d \cdot 2\f$ bytes, 72 KiB (d = 64: 64 keys, 4 stages) and 80 KiB

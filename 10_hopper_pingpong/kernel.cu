@@ -14,10 +14,11 @@
 ///   while the other (two, at d = 64) compute their softmax.
 /// - Overlap inside a warpgroup. Per turn a warpgroup issues \f$S_{j} = Q K_{j}^T\f$ and then
 ///   \f$O \mathrel{+}= P_{j-1} V_{j-1}\f$, waits only for \f$S_j\f$, and computes the softmax
-///   of block j while \f$P_{j-1} V_{j-1}\f$ still runs. The rescale of o_acc by the new row
-///   max therefore moves out of the softmax (online_softmax() returns the factors) to after
-///   the wait for \f$P_{j-1} V_{j-1}\f$ (rescale_o()). Block 0's \f$Q K^T\f$ runs before the
-///   loop and the last block's \f$P V\f$ after it.
+///   of block j while \f$P_{j-1} V_{j-1}\f$ still runs (in the source; ptxas places the
+///   exponentials after the second wait: README.md, "Overlap inside a warpgroup"). The rescale of
+///   o_acc by the new row max therefore moves out of the softmax (online_softmax() returns the
+///   factors) to after the wait for \f$P_{j-1} V_{j-1}\f$ (rescale_o()). Block 0's \f$Q K^T\f$ runs
+///   before the loop and the last block's \f$P V\f$ after it.
 ///
 /// Built for sm_90a only (wgmma and setmaxnreg exist nowhere else): the API reports the step
 /// as needing an sm_90 GPU on any other device.

@@ -175,6 +175,17 @@ run_one() {  # tool step shard shards: one tool over one shard of a step's slice
 # clean only if every hazard is.
 library_kernels='nvjet_|cublasLt|splitKreduce'
 
+# reports_matching RE LOG: "shown matching", the reports a tool's log displays and how many of
+# them name a kernel matching RE (on the report's first line or the four after it). A run's
+# errors may be set apart only when every one was displayed and every one matches.
+reports_matching() {
+  awk -v re="$1" '
+    /^========= [A-Z]/ && !/SUMMARY|COMPUTE-SANITIZER/ {
+      total++; n = 4; hit = ($0 ~ re); if (hit) matched++; next }
+    n > 0 { n--; if (!hit && $0 ~ re) { hit = 1; matched++ } }
+    END { print total + 0, matched + 0 }' "$2"
+}
+
 # Every (tool, step) run is a separate process, FA_SANITIZE_JOBS at a time: the tools are
 # mostly CPU-bound on the host, and the GPU has room for several small test programs.
 deadline=""
@@ -219,10 +230,7 @@ for tool in $tools; do
     if [ "$tool" = initcheck ] && [ -n "${FA_INITCHECK_IGNORE:-}" ] && [ "${errors:-0}" -gt 0 ]; then
       # An error is ignored only if its report names a matching kernel, and only if every
       # error was displayed and matches: one real error keeps the count.
-      read -r shown ignored < <(awk -v re="$FA_INITCHECK_IGNORE" '
-        /^========= [A-Z]/ && !/SUMMARY|COMPUTE-SANITIZER/ { total++; n = 4; hit = 0; next }
-        n > 0 { n--; if (!hit && $0 ~ re) { hit = 1; ign++ } }
-        END { print total + 0, ign + 0 }' "$slog")
+      read -r shown ignored < <(reports_matching "$FA_INITCHECK_IGNORE" "$slog")
       if [ "$ignored" -gt 0 ]; then
         awk -v re="$FA_INITCHECK_IGNORE" '/^========= [A-Z]/,0 { if ($0 ~ re) print }' "$slog" |
           sort | uniq -c | sort -rn > "$base.ignored.txt"
@@ -231,9 +239,7 @@ for tool in $tools; do
     fi
     library=0
     if [ "$tool" = racecheck ] && [ "${errors:-0}" -gt 0 ]; then
-      read -r shown library < <(awk -v re="$library_kernels" '
-        /^========= Error: Race/ { total++; if ($0 ~ re) lib++ }
-        END { print total + 0, lib + 0 }' "$slog")
+      read -r shown library < <(reports_matching "$library_kernels" "$slog")
       [ "$library" = "$shown" ] && [ "$shown" = "$errors" ] && errors=0 || library=0
     fi
     kernels=""

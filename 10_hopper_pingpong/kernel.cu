@@ -14,8 +14,9 @@
 ///   while the other (two, at d = 64) compute their softmax.
 /// - Overlap inside a warpgroup. Per turn a warpgroup issues \f$S_{j} = Q K_{j}^T\f$ and then
 ///   \f$O \mathrel{+}= P_{j-1} V_{j-1}\f$, waits only for \f$S_j\f$, and computes the softmax
-///   of block j while \f$P_{j-1} V_{j-1}\f$ still runs (in the source; ptxas places the
-///   exponentials after the second wait: README.md, "Overlap inside a warpgroup"). The rescale of
+///   of block j while \f$P_{j-1} V_{j-1}\f$ still runs (the warp releases K_j after the softmax,
+///   not before, which keeps the exponentials ahead of the second wait in the machine code:
+///   README.md, "Overlap inside a warpgroup"). The rescale of
 ///   o_acc by the new row max therefore moves out of the softmax (online_softmax() returns the
 ///   factors) to after the wait for \f$P_{j-1} V_{j-1}\f$ (rescale_o()). Block 0's \f$Q K^T\f$ runs
 ///   before the loop and the last block's \f$P V\f$ after it.
@@ -690,11 +691,14 @@ __global__ void __launch_bounds__(Traits<kHeadDim, kBlockM, kBlockN>::kNumThread
           pass_turn<Tr>(consumer);
           fa::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
           fa::fence_operand(s[0]);
+          const bool rescale = softmax_of_block(kv_block);
+          // K_j is released only now: this branch ends the basic block of the exponentials, and
+          // ptxas hoists the wait below to the top of its block; so P_j's exponentials stay
+          // ahead of the wait and overlap P_{j-1} V_{j-1} (host.sass.10_hopper_pingpong).
           if (lane == 0) {
             fa::mbarrier_arrive(&sh->k_empty[stage]);  // this warp is done with K_j
             if (kv_block == t.n_blocks - 1) fa::mbarrier_arrive(&sh->q_empty[b]);  // and with Q
           }
-          const bool rescale = softmax_of_block(kv_block);
           fa::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: o_acc and p_frag are free again
           fa::fence_operand(o_acc[0]);
           if (lane == 0) fa::mbarrier_arrive(&sh->v_empty[prev_stage]);  // done with V_{j-1}

@@ -1,8 +1,11 @@
 # cmake -DCUOBJDUMP=<cuobjdump> -DLIB=<static library> -DREQUIRE=<a|b> -DFORBID=<c|d>
-#       -P CheckSass.cmake
+#       [-DBETWEEN=<from>|<to>|<regex>|<min>] -P CheckSass.cmake
 # Disassembles LIB and fails unless each regex of REQUIRE occurs in its SASS and none of
-# FORBID does ('|' separates the regexes). Prints the architectures and how often each
-# pattern occurs. Used by fa_add_sass_check() (FaSteps.cmake).
+# FORBID does ('|' separates the regexes). With BETWEEN, also unless every stretch of code from
+# an instruction that starts with the text <from> to the next one that starts with <to> holds at
+# least <min> instructions matching <regex>, and there is such a stretch: an order the machine
+# code must keep. Prints the architectures and how often each pattern occurs. Used by
+# fa_add_sass_check() (FaSteps.cmake).
 cmake_minimum_required(VERSION 3.25)
 if(NOT CUOBJDUMP OR NOT EXISTS "${CUOBJDUMP}")
   message(FATAL_ERROR "cuobjdump not found: it ships in the CUDA toolkit's bin folder (with nvdisasm); a trimmed toolkit can take NVIDIA's wheels: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm, then put their nvidia/cu13/bin on PATH and configure again")
@@ -31,6 +34,41 @@ foreach(pattern IN LISTS require forbid)
     set(failed TRUE)
   endif()
 endforeach()
+if(BETWEEN)
+  string(REPLACE "|" ";" between "${BETWEEN}")
+  list(GET between 0 from)
+  list(GET between 1 to)
+  list(GET between 2 pattern)
+  list(GET between 3 min)
+  set(rest "${sass}")
+  set(counts "")
+  while(TRUE)
+    string(FIND "${rest}" " ${from}" a)
+    if(a EQUAL -1)
+      break()
+    endif()
+    string(SUBSTRING "${rest}" ${a} -1 rest)
+    string(FIND "${rest}" " ${to}" b)
+    if(b EQUAL -1)
+      break()
+    endif()
+    string(SUBSTRING "${rest}" 0 ${b} stretch)
+    string(SUBSTRING "${rest}" ${b} -1 rest)
+    string(REGEX MATCHALL "[ \t;]${pattern}[. ;]" hits "${stretch}")
+    list(LENGTH hits n)
+    list(APPEND counts ${n})
+    if(n LESS min)
+      message(SEND_ERROR "${lib_name}: ${n} ${pattern} from '${from}' to '${to}' (at least ${min})")
+      set(failed TRUE)
+    endif()
+  endwhile()
+  string(REPLACE ";" " " shown "${counts}")
+  message(STATUS "  ${pattern} from '${from}' to '${to}': ${shown}")
+  if(NOT counts)
+    message(SEND_ERROR "${lib_name}: no '${from}' followed by '${to}' in the SASS")
+    set(failed TRUE)
+  endif()
+endif()
 if(failed)
   message(FATAL_ERROR "SASS check failed")
 endif()

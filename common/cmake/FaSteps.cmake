@@ -76,18 +76,21 @@ endfunction()
 
 # host.sass.<name>: disassembles the library of step <name> (cuobjdump, no GPU needed) and
 # fails unless every regex of REQUIRE occurs in its machine code and no regex of FORBID does,
-# e.g. REQUIRE HGMMA FORBID HMMA: the step runs on warpgroup MMA, not on mma.sync.
+# e.g. REQUIRE HGMMA FORBID HMMA: the step runs on warpgroup MMA, not on mma.sync. BETWEEN
+# <from> <to> <regex> <min>: every stretch of code from an instruction starting with <from> to
+# the next starting with <to> holds at least <min> instructions matching <regex> (CheckSass.cmake).
 function(fa_add_sass_check name)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "REQUIRE;FORBID")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "REQUIRE;FORBID;BETWEEN")
   if(NOT FA_BUILD_TESTS)
     return()
   endif()
   find_program(FA_CUOBJDUMP cuobjdump HINTS ${CUDAToolkit_BIN_DIR})
   string(REPLACE ";" "|" require "${arg_REQUIRE}")
   string(REPLACE ";" "|" forbid "${arg_FORBID}")
+  string(REPLACE ";" "|" between "${arg_BETWEEN}")
   add_test(NAME host.sass.${name}
            COMMAND ${CMAKE_COMMAND} -DCUOBJDUMP=${FA_CUOBJDUMP} -DLIB=$<TARGET_FILE:fa_step_${name}>
-                   -DREQUIRE=${require} -DFORBID=${forbid}
+                   -DREQUIRE=${require} -DFORBID=${forbid} -DBETWEEN=${between}
                    -P ${FA_COMMON_DIR}/cmake/CheckSass.cmake)
   set_tests_properties(host.sass.${name} PROPERTIES LABELS host)
 endfunction()

@@ -14,9 +14,9 @@
 ///   while the other (two, at d = 64) compute their softmax.
 /// - Overlap inside a warpgroup. Per turn a warpgroup issues \f$S_{j} = Q K_{j}^T\f$ and then
 ///   \f$O \mathrel{+}= P_{j-1} V_{j-1}\f$, waits only for \f$S_j\f$, and computes the softmax
-///   of block j while \f$P_{j-1} V_{j-1}\f$ still runs (the warp releases K_j after the softmax,
-///   not before, which keeps the exponentials ahead of the second wait in the machine code:
-///   README.md, "Overlap inside a warpgroup"). The rescale of
+///   of block j while \f$P_{j-1} V_{j-1}\f$ still runs (its exponentials come before the branch
+///   that makes the rescale factors, which keeps them ahead of the second wait in the machine
+///   code: README.md, "Overlap inside a warpgroup"). The rescale of
 ///   o_acc by the new row max therefore moves out of the softmax (online_softmax() returns the
 ///   factors) to after the wait for \f$P_{j-1} V_{j-1}\f$ (rescale_o()). Block 0's \f$Q K^T\f$ runs
 ///   before the loop and the last block's \f$P V\f$ after it.
@@ -348,6 +348,26 @@ __device__ __forceinline__ bool online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
       max_grew |= m > row_max[mi][h];
       m_new[mi][h] = m;
     }
+  // The exponentials first: they need only the new max. Placed after the branch below, they
+  // would share a basic block with the caller's wait for P_{j-1} V_{j-1}, and ptxas puts that
+  // wait at the top of its block: they would not overlap the product (host.sass.10 checks).
+  float block_sum[Tr::kMTiles][2];
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
+      float sum = 0.f;
+#pragma unroll
+      for (int nj = 0; nj < Tr::kNTilesS; ++nj)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = fa::exp2_approx(fmaf(s[mi][nj][2 * h + e], scale_log2, -m_scaled));
+          s[mi][nj][2 * h + e] = p;
+          sum += p;
+        }
+      block_sum[mi][h] = sum;
+    }
   const bool any_grew = __any_sync(0xffffffffu, max_grew);
   if (any_grew) {
 #pragma unroll
@@ -368,17 +388,7 @@ __device__ __forceinline__ bool online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       row_max[mi][h] = m_new[mi][h];
-      const float m_scaled = (m_new[mi][h] == -INFINITY) ? 0.f : m_new[mi][h] * scale_log2;
-      float block_sum = 0.f;
-#pragma unroll
-      for (int nj = 0; nj < Tr::kNTilesS; ++nj)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = fa::exp2_approx(fmaf(s[mi][nj][2 * h + e], scale_log2, -m_scaled));
-          s[mi][nj][2 * h + e] = p;
-          block_sum += p;
-        }
-      row_sum[mi][h] += block_sum;
+      row_sum[mi][h] += block_sum[mi][h];
     }
   return any_grew;
 }
@@ -691,14 +701,11 @@ __global__ void __launch_bounds__(Traits<kHeadDim, kBlockM, kBlockN>::kNumThread
           pass_turn<Tr>(consumer);
           fa::wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
           fa::fence_operand(s[0]);
-          const bool rescale = softmax_of_block(kv_block);
-          // K_j is released only now: this branch ends the basic block of the exponentials, and
-          // ptxas hoists the wait below to the top of its block; so P_j's exponentials stay
-          // ahead of the wait and overlap P_{j-1} V_{j-1} (host.sass.10_hopper_pingpong).
           if (lane == 0) {
             fa::mbarrier_arrive(&sh->k_empty[stage]);  // this warp is done with K_j
             if (kv_block == t.n_blocks - 1) fa::mbarrier_arrive(&sh->q_empty[b]);  // and with Q
           }
+          const bool rescale = softmax_of_block(kv_block);
           fa::wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: o_acc and p_frag are free again
           fa::fence_operand(o_acc[0]);
           if (lane == 0) fa::mbarrier_arrive(&sh->v_empty[prev_stage]);  // done with V_{j-1}

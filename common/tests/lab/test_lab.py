@@ -279,6 +279,14 @@ class LabHostTests(unittest.TestCase):
         self.assertIn("fa_add_step(lab_09_sass ARCH 90a)", cmake)
         self.assertIn("fa_add_sass_check(lab_09_sass REQUIRE HGMMA", cmake)
         self.assertIn("FORBID HMMA)", cmake)
+        # 10's check carries its order rule (quoted arguments with spaces) word for word.
+        status, out = lab("start", "10", "--name", "lab_10_sass", "--no-configure", "--dir",
+                          self.labs, "--build", self.build)
+        self.assertEqual(status, 0, out)
+        cmake = (self.labs / "lab_10_sass" / "CMakeLists.txt").read_text()
+        self.assertIn('fa_add_sass_check(lab_10_sass REQUIRE HGMMA UTMALDG UTMASTG SYNCS FORBID HMMA '
+                      'BETWEEN "WARPGROUP.DEPBAR.LE gsb0, 0x1" "WARPGROUP.DEPBAR.LE gsb0, 0x0" '
+                      'MUFU.EX2 64)', cmake)
         self.assertNotIn("fa_add_sass_check", (self.labs / "ref_06_causal_skip" /
                                                "CMakeLists.txt").read_text())
 

@@ -801,6 +801,11 @@ def report_lines(lab, args):
                     + ("; lse is the logsumexp L" if "lse" in t["quantities"] else ""))
             lines.append(f"  all messages: {rel(lab['out'] / 'tests.log')}")
 
+    if lab.get("sass"):
+        lines.append("")
+        lines.append(f"Machine code (host.sass.{name}, the checks of {lab['target']}'s "
+                     f"CMakeLists.txt): " + ("passed" if lab["sass"]["passed"] else
+                                             f"FAILED: {lab['sass']['why']}"))
     s = lab.get("speed")
     lines.append("")
     if s is None:
@@ -844,10 +849,30 @@ def report_lines(lab, args):
     return lines
 
 
+def run_sass_check(lab, build, log_dir):
+    """The lab's host.sass.<name> test, where its step has one (the Hopper steps: wgmma and not
+    mma.sync; step 10 also the order of its loop): None without one, else {"passed", "why"}. An
+    unchanged copy of the step before fails it however fast it runs."""
+    pattern = "^host\\.sass\\." + re.escape(lab["name"]) + "$"
+    status, out = run(["ctest", "--test-dir", build, "-N", "-R", pattern])
+    if status != 0 or not re.search(r"Total Tests: [1-9]", out):
+        return None
+    status, out = run(["ctest", "--test-dir", build, "-R", pattern, "--output-on-failure"],
+                      log=log_dir / f"sass_{lab['name']}.log")
+    lines = out.splitlines()
+    why = [lines[i + 1].strip() for i, l in enumerate(lines[:-1])
+           if l.startswith("CMake Error") and "SASS check failed" not in lines[i + 1]]
+    return {"passed": status == 0,
+            "why": "" if status == 0 else (why[0] if why else "see " + rel(
+                log_dir / f"sass_{lab['name']}.log"))}
+
+
 def verdict(lab, args):
     t, s = lab["tests"], lab.get("speed")
     if not t.get("passed"):
         return "FAIL", " (correctness first: fix the first failure above)"
+    if lab.get("sass") and not lab["sass"]["passed"]:
+        return "FAIL", " (correct, but the machine code lacks the step's idea: see Machine code)"
     if s is not None and s.get("graded") and not s.get("passed"):
         return "FAIL", " (correct, but the step's idea is not there: see Speed)"
     if args.no_speed:
@@ -907,6 +932,8 @@ def cmd_grade(args):
         for line in (errors or out.splitlines())[:20]:
             print("  " + line)
         return 1
+    for lab in labs:
+        lab["sass"] = run_sass_check(lab, build, log_dir)
     test_steps = registered_steps(test_bin)
     with_backward = {ref: has_backward_tests(test_bin, ref) for ref in
                      {lab["reference"] for lab in labs} if ref in test_steps}
@@ -947,6 +974,7 @@ def cmd_grade(args):
                  "correct": bool(t.get("passed")), "missing_backward": t.get("missing_backward"),
                  "tests_error": t.get("error", ""),
                  "quantities": t.get("quantities", {}), "first_failure": first,
+                 "sass": lab.get("sass"),
                  "speed": {k: v for k, v in (lab.get("speed") or {}).items() if k != "table"}}
         (lab["out"] / "grade.json").write_text(json.dumps(entry, indent=2) + "\n")
         summary.append(entry)
@@ -1114,7 +1142,8 @@ def cmd_pack(args):
         if stale:
             print(f"pack: note: the gains recorded on the reference GPU predate the steps of "
                   f"lab(s) {', '.join(s[:2] for s in stale)}: in the pack those are graded on "
-                  "correctness only (measure again and commit the results to fix it)", flush=True)
+                  "correctness (and the machine code, where the step has a SASS check) only "
+                  "(measure again and commit the results to fix it)", flush=True)
         if args.check:
             check_pack(dest, args.cmake_args)
             print(f"pack: {rel(dest)}: builds, host tests pass, docs build without warnings",

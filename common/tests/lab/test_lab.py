@@ -420,7 +420,8 @@ class LabHostTests(unittest.TestCase):
     def test_grade_flow_with_fake_tools(self):
         """lab.py grade from end to end on stand-ins for nvidia-smi, cmake, the GPU test
         program and the timer: an unchanged lab fails the speed check, the reference passes,
-        a bug fails naming its quantity, and the summary JSON says so."""
+        a bug fails naming its quantity, a fast and correct lab whose machine code fails its
+        step's host.sass check fails naming it, and the summary JSON says so."""
         tmp = self.tmp / "fake"
         bindir, build = tmp / "path", tmp / "build"
         (build / "bin").mkdir(parents=True)
@@ -432,12 +433,25 @@ class LabHostTests(unittest.TestCase):
 
         tool(bindir / "nvidia-smi", "print('GPU 0: Fake GPU (UUID: x)')\n")
         tool(bindir / "cmake", "sys.exit(0)\n")
+        # host.sass.<lab>: r06 has a check that passes, s06 one that fails, the others none.
+        tool(bindir / "ctest", """
+name = args[args.index('-R') + 1].split('sass\\\\.')[1].rstrip('$')
+if '-N' in args:
+    print('Total Tests: %d' % (name in ('r06', 's06')))
+    sys.exit(0)
+if name == 's06':
+    print('CMake Error at CheckSass.cmake:61 (message):')
+    print("  libfa_step_s06.a: 2 MUFU.EX2 from 'WARPGROUP.DEPBAR.LE gsb0, 0x1' to 'X' (at least 64)")
+    print('CMake Error at CheckSass.cmake:73 (message):')
+    print('  SASS check failed')
+    sys.exit(8)
+""")
         m = self.m
         defs = m.lab_defs()  # a forward lab of this tree (a pack has fewer)
         target = [s for s in sorted(defs) if defs[s]["speed"].get("direction", "fwd") == "fwd"][-1]
         base = m.lab_defs()[target]["speed"].get("baseline") or m.parent_of(target,
                                                                              m.known_steps())
-        steps = [base, target, "u06", "r06", "b06"]
+        steps = [base, target, "u06", "r06", "b06", "s06"]
         failure = ("B=1 H=3/1 Nq=257 Nk=257 d=64 fp16 causal seed 4: FAIL (O out of bounds: "
                    "max|out-ref| 3.1e-01 (bound 3.9e-03)  rel_l2 2.0e-01 (bound 9.8e-04) at "
                    "O[batch 0, head 2, row 256, col 7] = 0.12 (expected 0.43))")
@@ -458,7 +472,7 @@ json.dump({{'testsuites': [{{'name': 'Steps/ForwardConformance', 'testsuite': [c
           open(out, 'w'))
 """)
         tool(build / "bin" / "fa_lab_timing", f"ms = {{{base!r}: 2.0, {target!r}: 1.0}}\n" + """
-ms.update({'u06': 2.02, 'r06': 0.99})
+ms.update({'u06': 2.02, 'r06': 0.99, 's06': 0.99})
 val = lambda f: args[args.index(f) + 1]
 shapes = [args[i + 1] for i, a in enumerate(args) if a == '--shape']
 rows = []
@@ -473,7 +487,8 @@ for s in shapes:
 json.dump({'gpu': {'name': 'Fake GPU'}, 'results': rows}, open(val('--out'), 'w'))
 """)
         dirs = []
-        for name, variant in (("u06", "student"), ("r06", "reference"), ("b06", "bug:x")):
+        for name, variant in (("u06", "student"), ("r06", "reference"), ("b06", "bug:x"),
+                              ("s06", "student")):
             d = tmp / "labs" / name
             d.mkdir(parents=True)
             (d / "CMakeLists.txt").write_text(f"fa_add_step({name})\n")
@@ -483,7 +498,7 @@ json.dump({'gpu': {'name': 'Fake GPU'}, 'results': rows}, open(val('--out'), 'w'
         (build / "CMakeCache.txt").write_text(f"FA_LAB_DIRS:STRING={';'.join(dirs)}\n")
         env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
         summary = tmp / "grades.json"
-        proc = subprocess.run([sys.executable, str(LAB), "grade", "u06", "r06", "b06", "--build",
+        proc = subprocess.run([sys.executable, str(LAB), "grade", "u06", "r06", "b06", "s06", "--build",
                                str(build), "--out", str(tmp / "out"), "--json", str(summary)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         if os.environ.get("FA_LAB_TEST_VERBOSE"):
@@ -491,7 +506,8 @@ json.dump({'gpu': {'name': 'Fake GPU'}, 'results': rows}, open(val('--out'), 'w'
         self.assertEqual(proc.returncode, 1, proc.stdout)
         got = {e["name"]: e for e in json.loads(summary.read_text())}
         self.assertEqual({n: e["result"] for n, e in got.items()},
-                         {"u06": "FAIL", "r06": "PASS", "b06": "FAIL"}, proc.stdout)
+                         {"u06": "FAIL", "r06": "PASS", "b06": "FAIL", "s06": "FAIL"},
+                         proc.stdout)
         self.assertTrue(got["u06"]["correct"])
         self.assertFalse(got["u06"]["speed"]["passed"])
         self.assertAlmostEqual(got["u06"]["speed"]["ref_gain"], 2.0, places=2)
@@ -501,6 +517,14 @@ json.dump({'gpu': {'name': 'Fake GPU'}, 'results': rows}, open(val('--out'), 'w'
         self.assertIn("the idea is missing", proc.stdout)
         self.assertIn("where:   O[batch 0, head 2, row 256, col 7]", proc.stdout)
         self.assertIn("Speed: not measured: correctness first", proc.stdout)
+        self.assertTrue(got["s06"]["correct"])
+        self.assertTrue(got["s06"]["speed"]["passed"])
+        self.assertEqual(got["s06"]["sass"]["passed"], False)
+        self.assertIn("2 MUFU.EX2 from", got["s06"]["sass"]["why"])
+        self.assertIn("Machine code (host.sass.s06", proc.stdout)
+        self.assertIn("the machine code lacks the step's idea", proc.stdout)
+        self.assertEqual(got["r06"]["sass"], {"passed": True, "why": ""})
+        self.assertIsNone(got["u06"]["sass"])
 
     def test_docs_filter(self):
         flt = load_module(ROOT / "docs" / "doc_filter.py", "doc_filter")

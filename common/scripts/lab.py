@@ -804,8 +804,9 @@ def report_lines(lab, args):
     if lab.get("sass"):
         lines.append("")
         lines.append(f"Machine code (host.sass.{name}, the checks of {lab['target']}'s "
-                     f"CMakeLists.txt): " + ("passed" if lab["sass"]["passed"] else
-                                             f"FAILED: {lab['sass']['why']}"))
+                     f"CMakeLists.txt): " + (
+                         "passed" if lab["sass"]["passed"] else lab["sass"]["why"]
+                         if lab["sass"]["passed"] is None else f"FAILED: {lab['sass']['why']}"))
     s = lab.get("speed")
     lines.append("")
     if s is None:
@@ -852,13 +853,17 @@ def report_lines(lab, args):
 def run_sass_check(lab, build, log_dir):
     """The lab's host.sass.<name> test, where its step has one (the Hopper steps: wgmma and not
     mma.sync; step 10 also the order of its loop): None without one, else {"passed", "why"}. An
-    unchanged copy of the step before fails it however fast it runs."""
+    unchanged copy of the step before fails it however fast it runs. Without cuobjdump the
+    check cannot run: "passed" is then None and the grade does not count it."""
     pattern = "^host\\.sass\\." + re.escape(lab["name"]) + "$"
     status, out = run(["ctest", "--test-dir", build, "-N", "-R", pattern])
     if status != 0 or not re.search(r"Total Tests: [1-9]", out):
         return None
     status, out = run(["ctest", "--test-dir", build, "-R", pattern, "--output-on-failure"],
                       log=log_dir / f"sass_{lab['name']}.log")
+    if status != 0 and "cuobjdump not found" in out:
+        return {"passed": None, "why": "not checked: cuobjdump is not installed (the CUDA "
+                "toolkit's bin folder; CheckSass.cmake says how to get it)"}
     lines = out.splitlines()
     why = [lines[i + 1].strip() for i, l in enumerate(lines[:-1])
            if l.startswith("CMake Error") and "SASS check failed" not in lines[i + 1]]
@@ -871,7 +876,7 @@ def verdict(lab, args):
     t, s = lab["tests"], lab.get("speed")
     if not t.get("passed"):
         return "FAIL", " (correctness first: fix the first failure above)"
-    if lab.get("sass") and not lab["sass"]["passed"]:
+    if lab.get("sass") and lab["sass"]["passed"] is False:
         return "FAIL", " (correct, but the machine code lacks the step's idea: see Machine code)"
     if s is not None and s.get("graded") and not s.get("passed"):
         return "FAIL", " (correct, but the step's idea is not there: see Speed)"

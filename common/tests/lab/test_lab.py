@@ -433,12 +433,17 @@ class LabHostTests(unittest.TestCase):
 
         tool(bindir / "nvidia-smi", "print('GPU 0: Fake GPU (UUID: x)')\n")
         tool(bindir / "cmake", "sys.exit(0)\n")
-        # host.sass.<lab>: r06 has a check that passes, s06 one that fails, the others none.
+        # host.sass.<lab>: r06 has a check that passes, s06 one that fails, b06 one that cannot
+        # run (no cuobjdump: not counted), u06 none.
         tool(bindir / "ctest", """
 name = args[args.index('-R') + 1].split('sass\\\\.')[1].rstrip('$')
 if '-N' in args:
-    print('Total Tests: %d' % (name in ('r06', 's06')))
+    print('Total Tests: %d' % (name in ('r06', 's06', 'b06')))
     sys.exit(0)
+if name == 'b06':
+    print('CMake Error at CheckSass.cmake:11 (message):')
+    print('  cuobjdump not found: it ships in the CUDA toolkit')
+    sys.exit(8)
 if name == 's06':
     print('CMake Error at CheckSass.cmake:61 (message):')
     print("  libfa_step_s06.a: 2 MUFU.EX2 from 'WARPGROUP.DEPBAR.LE gsb0, 0x1' to 'X' (at least 64)")
@@ -525,6 +530,8 @@ json.dump({'gpu': {'name': 'Fake GPU'}, 'results': rows}, open(val('--out'), 'w'
         self.assertIn("the machine code lacks the step's idea", proc.stdout)
         self.assertEqual(got["r06"]["sass"], {"passed": True, "why": ""})
         self.assertIsNone(got["u06"]["sass"])
+        self.assertIsNone(got["b06"]["sass"]["passed"])
+        self.assertIn("not checked: cuobjdump is not installed", proc.stdout)
 
     def test_docs_filter(self):
         flt = load_module(ROOT / "docs" / "doc_filter.py", "doc_filter")

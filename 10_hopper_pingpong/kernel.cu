@@ -348,9 +348,9 @@ __device__ __forceinline__ bool online_softmax(float (&s)[Tr::kMTiles][Tr::kNTil
       max_grew |= m > row_max[mi][h];
       m_new[mi][h] = m;
     }
-  // The exponentials first: they need only the new max. Placed after the branch below, they
-  // would share a basic block with the caller's wait for P_{j-1} V_{j-1}, and ptxas puts that
-  // wait at the top of its block: they would not overlap the product (host.sass.10 checks).
+  // The exponentials first: they need only the new max. After the branch below they would
+  // share a basic block with the loop's inlined wgmma_wait<0>(), which ptxas (CUDA 13.0) puts
+  // at the top of its block, and not overlap P_{j-1} V_{j-1} (host.sass.10_hopper_pingpong).
   float block_sum[Tr::kMTiles][2];
 #pragma unroll
   for (int mi = 0; mi < Tr::kMTiles; ++mi)

@@ -2,10 +2,11 @@
 #       [-DBETWEEN=<from>|<to>|<regex>|<min>] -P CheckSass.cmake
 # Disassembles LIB and fails unless each regex of REQUIRE occurs in its SASS and none of
 # FORBID does ('|' separates the regexes). With BETWEEN, also unless every stretch of code from
-# an instruction that starts with the text <from> to the next one that starts with <to> holds at
-# least <min> instructions matching <regex>, and there is such a stretch: an order the machine
-# code must keep. Prints the architectures and how often each pattern occurs. Used by
-# fa_add_sass_check() (FaSteps.cmake).
+# an instruction that starts with the text <from> to the next one that starts with <to> (within
+# one function; from the last <from> before that <to>) holds at least <min> instructions
+# matching <regex>, and there is such a stretch: an order the machine code must keep, in the
+# order of the listing (not of the control flow). No argument may hold '|' or ';'. Prints the
+# architectures and how often each pattern occurs. Used by fa_add_sass_check() (FaSteps.cmake).
 cmake_minimum_required(VERSION 3.25)
 if(NOT CUOBJDUMP OR NOT EXISTS "${CUOBJDUMP}")
   message(FATAL_ERROR "cuobjdump not found: it ships in the CUDA toolkit's bin folder (with nvdisasm); a trimmed toolkit can take NVIDIA's wheels: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm, then put their nvidia/cu13/bin on PATH and configure again")
@@ -53,7 +54,14 @@ if(BETWEEN)
       break()
     endif()
     string(SUBSTRING "${rest}" 0 ${b} stretch)
+    string(FIND "${stretch}" "Function :" f)
+    if(NOT f EQUAL -1)  # <to> is in a later function: start again from that function
+      string(SUBSTRING "${rest}" ${f} -1 rest)
+      continue()
+    endif()
     string(SUBSTRING "${rest}" ${b} -1 rest)
+    string(FIND "${stretch}" " ${from}" a REVERSE)  # the last <from> before <to>
+    string(SUBSTRING "${stretch}" ${a} -1 stretch)
     string(REGEX MATCHALL "[ \t;]${pattern}[. ;]" hits "${stretch}")
     list(LENGTH hits n)
     list(APPEND counts ${n})
@@ -64,7 +72,8 @@ if(BETWEEN)
   endwhile()
   string(REPLACE ";" " " shown "${counts}")
   message(STATUS "  ${pattern} from '${from}' to '${to}': ${shown}")
-  if(NOT counts)
+  list(LENGTH counts stretches)
+  if(stretches EQUAL 0)
     message(SEND_ERROR "${lib_name}: no '${from}' followed by '${to}' in the SASS")
     set(failed TRUE)
   endif()

@@ -864,9 +864,17 @@ def run_sass_check(lab, build, log_dir):
     if status != 0 and "cuobjdump not found" in out:
         return {"passed": None, "why": "not checked: cuobjdump is not installed (the CUDA "
                 "toolkit's bin folder; CheckSass.cmake says how to get it)"}
-    lines = out.splitlines()
-    why = [lines[i + 1].strip() for i, l in enumerate(lines[:-1])
-           if l.startswith("CMake Error") and "SASS check failed" not in lines[i + 1]]
+    # CMake's messages: "CMake Error at ...:" and the text, indented and wrapped at ~80 columns.
+    why, lines = [], out.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("CMake Error"):
+            text = []
+            for follow in lines[i + 1:]:
+                if not follow.startswith("  "):
+                    break
+                text.append(follow.strip())
+            if text and text != ["SASS check failed"]:
+                why.append(" ".join(text))
     return {"passed": status == 0,
             "why": "" if status == 0 else (why[0] if why else "see " + rel(
                 log_dir / f"sass_{lab['name']}.log"))}

@@ -446,7 +446,9 @@ if name == 'b06':
     sys.exit(8)
 if name == 's06':
     print('CMake Error at CheckSass.cmake:61 (message):')
-    print("  libfa_step_s06.a: 2 MUFU.EX2 from 'WARPGROUP.DEPBAR.LE gsb0, 0x1' to 'X' (at least 64)")
+    print("  libfa_step_s06.a: 2 MUFU.EX2 from 'WARPGROUP.DEPBAR.LE gsb0,")
+    print("  0x1' to 'X' (at least 64)")
+    print('')
     print('CMake Error at CheckSass.cmake:73 (message):')
     print('  SASS check failed')
     sys.exit(8)
@@ -525,7 +527,8 @@ json.dump({'gpu': {'name': 'Fake GPU'}, 'results': rows}, open(val('--out'), 'w'
         self.assertTrue(got["s06"]["correct"])
         self.assertTrue(got["s06"]["speed"]["passed"])
         self.assertEqual(got["s06"]["sass"]["passed"], False)
-        self.assertIn("2 MUFU.EX2 from", got["s06"]["sass"]["why"])
+        self.assertEqual(got["s06"]["sass"]["why"], "libfa_step_s06.a: 2 MUFU.EX2 from "
+                         "'WARPGROUP.DEPBAR.LE gsb0, 0x1' to 'X' (at least 64)")
         self.assertIn("Machine code (host.sass.s06", proc.stdout)
         self.assertIn("the machine code lacks the step's idea", proc.stdout)
         self.assertEqual(got["r06"]["sass"], {"passed": True, "why": ""})

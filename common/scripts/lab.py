@@ -802,11 +802,11 @@ def report_lines(lab, args):
             lines.append(f"  all messages: {rel(lab['out'] / 'tests.log')}")
 
     if lab.get("sass"):
+        passed, why = lab["sass"]["passed"], lab["sass"]["why"]
         lines.append("")
         lines.append(f"Machine code (host.sass.{name}, the checks of {lab['target']}'s "
-                     f"CMakeLists.txt): " + (
-                         "passed" if lab["sass"]["passed"] else lab["sass"]["why"]
-                         if lab["sass"]["passed"] is None else f"FAILED: {lab['sass']['why']}"))
+                     f"CMakeLists.txt): "
+                     + {True: "passed", None: why, False: f"FAILED: {why}"}[passed])
     s = lab.get("speed")
     lines.append("")
     if s is None:
@@ -866,20 +866,20 @@ def run_sass_check(lab, build, log_dir):
     if status != 0 and "cuobjdump not found" in out:
         return {"passed": None, "why": "not checked: cuobjdump is not installed (the CUDA "
                 "toolkit's bin folder; CheckSass.cmake says how to get it)"}
-    # CMake's messages: "CMake Error at ...:" and the text, indented and wrapped at ~80 columns.
-    why, lines = [], out.splitlines()
+    if status == 0:
+        return {"passed": True, "why": ""}
+    # The first of CMake's messages ("CMake Error at ...:", then the text indented and wrapped
+    # at ~80 columns) other than the closing "SASS check failed".
+    lines = out.splitlines()
     for i, line in enumerate(lines):
-        if line.startswith("CMake Error"):
-            text = []
-            for follow in lines[i + 1:]:
-                if not follow.startswith("  "):
-                    break
-                text.append(follow.strip())
-            if text and text != ["SASS check failed"]:
-                why.append(" ".join(text))
-    return {"passed": status == 0,
-            "why": "" if status == 0 else (why[0] if why else "see " + rel(
-                log_dir / f"sass_{lab['name']}.log"))}
+        text = []
+        for follow in lines[i + 1:] if line.startswith("CMake Error") else []:
+            if not follow.startswith("  "):
+                break
+            text.append(follow.strip())
+        if text and text != ["SASS check failed"]:
+            return {"passed": False, "why": " ".join(text)}
+    return {"passed": False, "why": "see " + rel(log_dir / f"sass_{lab['name']}.log")}
 
 
 def verdict(lab, args):

@@ -572,25 +572,36 @@ def geomean(values):
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
 
 
-def recorded_gain(baseline, reference, direction, shapes, root=ROOT):
-    """The reference's gain over the baseline at `shapes` as recorded by the bench in
-    docs/results/*.json (the harness that times a lab, on the GPU named there), for a build
-    without the reference (a course pack), or None. Returns (gain, "where it comes from").
-    Only the bench's rows count ("step", not compare.py's "impl"): compare.py queues its runs
-    back to back, the harness synchronizes after each, and 01_naive's stream-ordered
-    allocations make its time differ by 2x between the two. A GPU's current bench run,
-    `<gpu>_bench.json`, is read before the runs kept beside it (`<gpu>_<what>*.json`), whatever
-    their names."""
-    keys = [shape_key(parse_shape(s)) for s in shapes]
+def bench_reports(root=ROOT):
+    """(path, document) of every bench report in docs/results (rows named by "step", not
+    compare.py's "impl"), in the order they are read: a GPU's current bench run,
+    `<gpu>_bench.json`, before the runs kept beside it (`<gpu>_<what>*.json`), whatever their
+    names; then by name. recorded_gain and the instructor's figures.py read the same first."""
     paths = sorted((root / "docs" / "results").glob("*.json"),
                    key=lambda p: (re.fullmatch(r"[^_]+_bench\.json", p.name) is None, p.name))
+    out = []
     for path in paths:
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        rows = doc.get("results", []) if isinstance(doc, dict) else []
+        if rows and isinstance(rows[0], dict) and "step" in rows[0]:
+            out.append((path, doc))
+    return out
+
+
+def recorded_gain(baseline, reference, direction, shapes, root=ROOT):
+    """The reference's gain over the baseline at `shapes` as recorded by the bench in
+    docs/results/*.json (the harness that times a lab, on the GPU named there), for a build
+    without the reference (a course pack), or None. Returns (gain, "where it comes from").
+    Only the bench's rows count: compare.py queues its runs back to back, the harness
+    synchronizes after each, and 01_naive's stream-ordered allocations make its time differ by
+    2x between the two. The reports are read in bench_reports' order."""
+    keys = [shape_key(parse_shape(s)) for s in shapes]
+    for path, doc in bench_reports(root):
         times = {}
-        for r in doc.get("results", []) if isinstance(doc, dict) else []:
+        for r in doc["results"]:
             name = r.get("step")
             if (name in (baseline, reference) and r.get("direction") == direction
                     and r.get("dtype", "fp16") == "fp16" and r.get("median_ms")

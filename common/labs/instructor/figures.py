@@ -26,17 +26,6 @@ def load_lab():
     return module
 
 
-def bench_files():
-    """(path, document) of every bench report in docs/results (rows keyed by "step")."""
-    out = []
-    for path in sorted((ROOT / "docs" / "results").glob("*.json")):
-        doc = json.loads(path.read_text())
-        rows = doc.get("results", []) if isinstance(doc, dict) else []
-        if rows and "step" in rows[0]:
-            out.append((path, doc))
-    return out
-
-
 def io_rows():
     """{(step, direction): row} of the Nsight Compute traffic report, and the report."""
     path = ROOT / "docs" / "results" / "nvidia-h200_io.json"
@@ -49,7 +38,7 @@ def io_rows():
 def main():
     m = load_lab()
     steps = m.known_steps()
-    files = bench_files()
+    files = m.bench_reports()  # the report lab.py's recorded gains come from first
     if not files:
         print("figures.py: no bench report in docs/results", file=sys.stderr)
         return 1

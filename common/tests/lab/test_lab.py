@@ -417,6 +417,18 @@ class LabHostTests(unittest.TestCase):
         (root / "docs" / "results" / "gpu_bench.json").unlink()  # no current run: the kept ones
         self.assertEqual(m.recorded_gain("01_a", "02_b", "fwd", [shape], root)[2], "aaaa")
 
+    def test_figures_page_quotes_the_bench_report_read_first(self):
+        """The instructor's figures.md quotes the bench report that the recorded gains come
+        from (bench_reports' first), not the one that sorts first by name."""
+        m = self.m
+        page = m.ROOT / "common" / "labs" / "instructor" / "figures.md"
+        reports = m.bench_reports()
+        if not page.exists() or not reports:
+            self.skipTest("no figures page or no bench report here")
+        first = reports[0][0].relative_to(m.ROOT).as_posix()
+        header = page.read_text().split("\n")[2]
+        self.assertIn(f"from `{first}`", header)
+
     def test_grade_flow_with_fake_tools(self):
         """lab.py grade from end to end on stand-ins for nvidia-smi, cmake, the GPU test
         program and the timer: an unchanged lab fails the speed check, the reference passes,

@@ -20,6 +20,11 @@
 ///   o_acc by the new row max therefore moves out of the softmax (online_softmax() returns the
 ///   factors) to after the wait for \f$P_{j-1} V_{j-1}\f$ (rescale_o()). Block 0's \f$Q K^T\f$ runs
 ///   before the loop and the last block's \f$P V\f$ after it.
+/// - A consumer with no row to compute. The last Q block of a head can have a consumer whose
+///   64 rows all lie past \f$N_q\f$ (at d = 64 the 192-row Q block pads N = 1024 to 1152 rows:
+///   two of its three consumers). That consumer still takes its turns and makes its barrier
+///   arrivals, but issues nothing, so the others have the tensor cores in its turns
+///   (README.md, "A consumer with no row to compute", measured with and without it).
 ///
 /// Built for sm_90a only (wgmma and setmaxnreg exist nowhere else): the API reports the step
 /// as needing an sm_90 GPU on any other device.
@@ -631,6 +636,28 @@ __global__ void __launch_bounds__(Traits<kHeadDim, kBlockM, kBlockN>::kNumThread
       if (tile >= num_tiles) break;
       const char* const q_tile = q_tiles + b * Tr::kQBytes;
       const Tile t = tile_info<Tr>(args, tile, group_pairs);
+      if (t.n_blocks > 0 && t.q_start + wg_row0 >= args.seqlen_q) {
+        // All 64 rows of this warpgroup lie past N_q (the ragged last Q block): it computes
+        // nothing, but takes the tile's n_blocks + 1 turns and makes its barrier arrivals in
+        // the same order as the loop below, so the others run as before, with the tensor
+        // cores to themselves in its turns.
+        if (lane == 0) fa::mbarrier_arrive(&sh->q_empty[b]);
+        for (int kv_block = 0; kv_block <= t.n_blocks; ++kv_block) {
+          const int i = kv_iter + kv_block;
+          if (kv_block < t.n_blocks)
+            fa::mbarrier_wait(&sh->k_full[i % Tr::kStages], (i / Tr::kStages) & 1);
+          if (kv_block > 0)
+            fa::mbarrier_wait(&sh->v_full[(i - 1) % Tr::kStages], ((i - 1) / Tr::kStages) & 1);
+          wait_for_turn<Tr>(consumer);
+          pass_turn<Tr>(consumer);
+          if (lane == 0) {
+            if (kv_block < t.n_blocks) fa::mbarrier_arrive(&sh->k_empty[i % Tr::kStages]);
+            if (kv_block > 0) fa::mbarrier_arrive(&sh->v_empty[(i - 1) % Tr::kStages]);
+          }
+        }
+        kv_iter += t.n_blocks;
+        continue;
+      }
 
       // On-chip state of this warp's rows for the whole K/V loop.
       float o_acc[Tr::kMTiles][Tr::kNTilesO][4];

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Nsight Compute, full set, of one step's kernel beside PyTorch FLASH's on the same tensors:
-# one compare.py run per shape (no warm-up, no heat phase, one round), the first two launches
-# of each kernel (4 launches in all: two of each in this setting). Writes
+# Nsight Compute, full set, of one step's kernel beside PyTorch FLASH's (and cuDNN's) on the
+# same tensors: one compare.py run per shape (no warm-up, no heat phase, one round), the first
+# two launches of each kernel (two of each in this setting). Writes
 # ncu_<dir>_d<d>_N<N>[_c].txt (every section, both kernels) and the per-instruction source
 # page (_sass.csv.gz) under $OUT, packed at the end into one ncu_<dir>.tgz (the device tool
 # brings back only a few files a call); the report files are removed.
@@ -9,6 +9,8 @@
 #                            flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel (07_backward/NOTES.md,
 #                            change 9); fwd: a forward step's kernel beside flash_fwd_kernel
 #   FA_NCU_STEP              the step (07_backward for bwd, 06_causal_skip for fwd)
+#   FA_NCU_BACKENDS=flash,cudnn   the PyTorch backends beside it (default flash); cuDNN's
+#                            kernels are matched by name (sdpa|fmha|cudnn)
 #   FA_NCU_SHAPES="64:4096 128:4096"   head dim : seqlen [: causal 0/1, default 0]; 16K tokens,
 #                            hidden 2048
 #   FA_NCU_PIPES=1           instead of the full set: each pipe's utilization, issue slots, L2
@@ -24,6 +26,14 @@ case $dir in
   fwd) step=${FA_NCU_STEP:-06_causal_skip} kernels='flash_forward_kernel|flash_fwd_kernel' ;;
   *) say "FA_NCU_DIRECTION is fwd or bwd, not '$dir'"; exit 2 ;;
 esac
+backends=${FA_NCU_BACKENDS:-flash}
+case ",$backends," in
+  *,cudnn,*) kernels="$kernels|sdpa|fmha|cudnn" ;;
+esac
+for b in ${backends//,/ }; do
+  case $b in flash | cudnn) ;; *) say "FA_NCU_BACKENDS takes flash and cudnn, not '$b'"; exit 2 ;; esac
+done
+launches=$((2 * (1 + $(tr ',' '\n' <<< "$backends" | grep -c .))))  # two of each kernel
 stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' wait \
   math_pipe_throttle short_scoreboard long_scoreboard mio_throttle barrier)
 pipes="sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,\
@@ -37,21 +47,21 @@ for spec in ${FA_NCU_SHAPES:-64:4096 128:4096}; do
   IFS=: read -r d n causal <<< "$spec"
   causal=${causal:-0}
   name=ncu_${dir}_d${d}_N${n}$([ "$causal" = 1 ] && echo _c)
-  cmp=(python3 common/python/compare.py --steps "$step" --backends flash --directions "$dir"
+  cmp=(python3 common/python/compare.py --steps "$step" --backends "$backends" --directions "$dir"
     --seqlens "$n" --head-dims "$d" --causal "$causal" --warmup 0 --warmup-ms 0 --heat-ms 0
     --rounds 1 --repeats 1 --no-check
     --out "$out/$name.json")
   if [ "${FA_NCU_PIPES:-0}" = 1 ]; then
     FA_BUILD_DIR=$build timeout 300 ncu --clock-control none --metrics "$pipes" \
-      -k regex:"$kernels" -c 4 "${cmp[@]}" > "$out/$name.txt" 2>&1
+      -k regex:"$kernels" -c "$launches" "${cmp[@]}" > "$out/$name.txt" 2>&1
     say "$name (pipes): rc=$?"
-    grep -E "^  [a-z(].*kernel|duration|inst_executed.sum|issue_active|pipe_(xu|fma|alu)\.avg|tensor_cycles|hit_rate|dram__bytes|ratio" \
+    grep -E "^  [a-zA-Z_(].*(kernel|sdpa|fmha|cudnn)|duration|inst_executed.sum|issue_active|pipe_(xu|fma|alu)\.avg|tensor_cycles|hit_rate|dram__bytes|ratio" \
       "$out/$name.txt" | sed -E 's/  +/ /g' | cut -c1-150 | tee -a "$log"
     rm -f "$out/$name.json"
     continue
   fi
   FA_BUILD_DIR=$build timeout 300 ncu --clock-control none --set full -f -o "$out/$name" \
-    -k regex:"$kernels" -c 4 "${cmp[@]}" > "$out/$name.log" 2>&1
+    -k regex:"$kernels" -c "$launches" "${cmp[@]}" > "$out/$name.log" 2>&1
   say "$name: rc=$? $(grep -c '==PROF==' "$out/$name.log") profiler lines"
   ncu -i "$out/$name.ncu-rep" --print-details all > "$out/$name.txt" 2>&1
   ncu -i "$out/$name.ncu-rep" --page source --csv --print-source sass > "$out/${name}_sass.csv" 2>&1 &&

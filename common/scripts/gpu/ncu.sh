@@ -30,10 +30,12 @@ backends=${FA_NCU_BACKENDS:-flash}
 case ",$backends," in
   *,cudnn,*) kernels="$kernels|sdpa|fmha|cudnn" ;;
 esac
+kernels_profiled=1  # the step's
 for b in ${backends//,/ }; do
   case $b in flash | cudnn) ;; *) say "FA_NCU_BACKENDS takes flash and cudnn, not '$b'"; exit 2 ;; esac
+  kernels_profiled=$((kernels_profiled + 1))
 done
-launches=$((2 * (1 + $(tr ',' '\n' <<< "$backends" | grep -c .))))  # two of each kernel
+launches=$((2 * kernels_profiled))  # two of each kernel
 stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' wait \
   math_pipe_throttle short_scoreboard long_scoreboard mio_throttle barrier)
 pipes="sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,\

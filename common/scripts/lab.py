@@ -870,9 +870,10 @@ def run_sass_check(lab, build, log_dir):
         return None
     pattern = "^host\\.sass\\." + re.escape(lab["name"]) + "$"
     status, out = run(["ctest", "--test-dir", build, "-R", pattern, "--no-tests=error",
-                       "--output-on-failure"], log=log_dir / f"sass_{lab['name']}.log")
+                       "--output-on-failure"])
     if status != 0 and "No tests were found" in out:
         return None
+    (log_dir / f"sass_{lab['name']}.log").write_text(out)  # only a lab with a check has a log
     if status != 0 and "cuobjdump not found" in out:
         return {"passed": None, "why": "not checked: cuobjdump is not installed (the CUDA "
                 "toolkit's bin folder; CheckSass.cmake says how to get it)"}

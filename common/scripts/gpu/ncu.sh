@@ -27,12 +27,13 @@ case $dir in
   *) say "FA_NCU_DIRECTION is fwd or bwd, not '$dir'"; exit 2 ;;
 esac
 backends=${FA_NCU_BACKENDS:-flash}
-case ",$backends," in
-  *,cudnn,*) kernels="$kernels|sdpa|fmha|cudnn" ;;
-esac
 kernels_profiled=1  # the step's
 for b in ${backends//,/ }; do
-  case $b in flash | cudnn) ;; *) say "FA_NCU_BACKENDS takes flash and cudnn, not '$b'"; exit 2 ;; esac
+  case $b in
+    flash) ;;  # flash_fwd_kernel / the bwd loop kernel: in $kernels already
+    cudnn) kernels="$kernels|sdpa|fmha|cudnn" ;;
+    *) say "FA_NCU_BACKENDS takes flash and cudnn, not '$b'"; exit 2 ;;
+  esac
   kernels_profiled=$((kernels_profiled + 1))
 done
 launches=$((2 * kernels_profiled))  # two of each kernel

@@ -12,17 +12,21 @@
 ///   \f$L_s = \log \sum_{j \in s} e^{S_{ij}}\f$, into a workspace. A second kernel merges
 ///   them exactly: \f$L = \log \sum_s e^{L_s}\f$ and \f$O = \sum_s e^{L_s - L} O_s\f$.
 ///   launch() picks num_splits from the SM count, the occupancy and the problem size; with
-///   num_splits = 1 the kernel is step 06's and writes O and L itself.
+///   num_splits = 1 the kernel writes O and L itself, as step 06's does.
 /// - **Query heads packed by K/V head.** Under grouped-query attention the H / H_kv query heads
 ///   of one K/V head read the same keys. With few query rows they share one tile: packed row r
 ///   of a tile is query position r / pack of query head r % pack, so each K/V chunk is read
 ///   once for the whole group.
 /// - **A tile for few rows.** Decode problems (N_q <= 64, so up to 64 g packed rows per K/V
-///   head) get a 64-row tile with its own K/V ring (4 stages at d = 64, 2 at d = 128; the work
+///   head) get a 64-row tile with 64-key K/V blocks (4 stages at d = 64, 2 at d = 128; the work
 ///   is memory-bound), and a warp whose rows are all padding skips the arithmetic.
+/// - **One K/V loop for both tiles: a ring of (K, V) stages.** The decode tile needs K/V
+///   blocks in flight, so K and V of a block load together into a ring of kStages stages, one
+///   barrier per block. Step 06's 128-row tile runs the same loop with 2 stages instead of
+///   06's FlashAttention-2 order (one K and one V stage, two barriers per block).
 ///
 /// Everything else is step 06: the causal loop bound and diagonal-only masking, 4 warps split
-/// the tile's rows, each warp's S, softmax statistics and o_acc stay in its registers, and the
+/// the tile's rows, each warp's S, softmax statistics and o_acc stay in its registers, the
 /// K/V tile loads overlap the two matrix products, and 06's work order (longest first, in
 /// groups that fit the L2).
 ///
@@ -578,7 +582,7 @@ __device__ __forceinline__ void store_partial_o_and_lse(
 /// all padding only helps load. K and V have kStages shared-memory stages in a ring: at the
 /// top of block j (one barrier) the thread block starts loading block j + kStages - 1 into the
 /// stage that block j - 1 just left, and it lands while blocks j ... j + kStages - 2 are
-/// computed. Unsplit (kSplit false: one chunk, all the keys, step 06's kernel) the tile writes
+/// computed. Unsplit (kSplit false: one chunk, all the keys, step 06's grid) the tile writes
 /// O and L (store_o_and_lse); split, each thread block writes its chunk's partial result
 /// (store_partial_o_and_lse) for combine_splits_kernel. `group_pairs` and `tail_rows` set the
 /// order of the thread blocks (see launch()).
@@ -689,7 +693,7 @@ __global__ void __launch_bounds__(Tr::kNumThreads)
     const int next_block = kv_block + Tr::kStages - 1;
     if (next_block < kv_end) {  // K and V of block j + kStages - 1 into that stage
       char* const next = kv_stages + (next_block % Tr::kStages) * Tr::kStageBytes;
-      // (counted from kv_start, as step 06 does: with two stages the loop compiles to its code)
+      // (counted from kv_start, as step 06 counts K_{j+1})
       const int next_start = kv_start + (Tr::kStages - 1) * Tr::kBlockN;
       load_tile_async<Tr, Tr::kBlockN>(next, k, args.k.row_stride, next_start, seqlen_k, tid);
       load_tile_async<Tr, Tr::kBlockN>(next + Tr::kKBytes, v, args.v.row_stride, next_start,

@@ -13,12 +13,13 @@ For each step it runs the step's runner once under Nsight Compute,
 
     ncu --clock-control none --metrics dram__bytes_read.sum,dram__bytes_write.sum \\
         ./build/bin/<step> --batch 1 --heads 16 --seqlen 4096 --head-dim 128 \\
-        --repeats 1 --warmup 0 --no-check --no-ceilings
+        --repeats 1 --warmup 0 --warmup-ms 0 --no-check --no-ceilings
 
-and sums the DRAM bytes read and written over every kernel of that one forward pass (with
---no-check and no warm-up the runner launches exactly one forward). For the backward
-(``--backward``) the runner launches one forward and then one backward; the forward's kernels
-are skipped with ``--launch-skip``, using the kernel count of the forward profile.
+and sums the DRAM bytes read and written over the kernels of that one forward pass (with
+--no-check and no warm-up, by count or by time, the runner launches exactly one forward, after
+the harness kernels that make its inputs on the GPU, which are left out by name). For the
+backward (``--backward``) the runner launches one forward and then one backward; the
+forward's kernels are left out too, by the kernel count of the forward profile.
 
 Beside each measurement it prints the bytes the CPU models predict
 (common/include/fa/cpu_models.h, implemented in common/src/host/cpu_models.cpp): the models
@@ -30,7 +31,8 @@ D and the dQ accumulator: 4 bytes; P in step 01: 2 bytes). The model of a step:
 - 01_naive: standard attention (S and P written to and read back from device memory);
 - 02_tiled_fa1: FlashAttention-1 (O, m, l re-read and re-written per K/V block);
 - 03..05: FlashAttention-2 forward without skipping (masked blocks are still loaded);
-- 06_causal_skip, 07_backward: FlashAttention-2 forward with causal skipping;
+- 06_causal_skip, 07_backward, 08_split_kv, 09_hopper_wgmma, 10_hopper_pingpong:
+  FlashAttention-2 forward with causal skipping;
 - backward of 07_backward: FlashAttention-2 backward (no model for 01's cuBLAS backward).
 
 Block sizes are read from each step's kernel.cu (its TileShape / BwdTileShape), else assumed.
@@ -65,7 +67,11 @@ METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 #: Which CPU model describes each step's forward (steps not listed: FlashAttention-2).
 FORWARD_MODEL = {"01_naive": "standard", "02_tiled_fa1": "fa1", "03_loop_swap": "fa2",
                  "04_deferred_rescale": "fa2", "05_split_q": "fa2",
-                 "06_causal_skip": "fa2_skip", "07_backward": "fa2_skip"}
+                 "06_causal_skip": "fa2_skip", "07_backward": "fa2_skip",
+                 "08_split_kv": "fa2_skip", "09_hopper_wgmma": "fa2_skip",
+                 "10_hopper_pingpong": "fa2_skip"}
+#: The harness's own kernels in a runner's launches (its inputs, made on the GPU).
+HARNESS_KERNEL = re.compile(r"\bfill_(bits|inputs)_kernel\b")
 #: Which CPU model describes each step's backward.
 BACKWARD_MODEL = {"07_backward": "fa2_bwd"}
 #: Tile sizes assumed when a kernel.cu does not show them: FlashAttention-2's (B_r, B_c).
@@ -252,6 +258,14 @@ def parse_ncu_csv(text):
             "write": sum(k["write"] for k in per), "per_kernel": per}
 
 
+def select_pass(parsed, skip):
+    """The kernels of one pass from parse_ncu_csv's dict: the harness's kernels left out, then
+    the first `skip` of the others (the forward that a backward run launches first)."""
+    per = [k for k in parsed["per_kernel"] if not HARNESS_KERNEL.search(k["kernel"])][skip:]
+    return {"kernels": len(per), "read": sum(k["read"] for k in per),
+            "write": sum(k["write"] for k in per), "per_kernel": per}
+
+
 def find_ncu(explicit):
     if explicit:
         return explicit
@@ -270,7 +284,7 @@ def runner_args(shape, direction):
     a = ["--batch", str(shape["batch"]), "--heads", str(shape["heads"]), "--heads-kv",
          str(shape["heads_kv"]), "--seqlen", str(shape["seqlen"]), "--head-dim",
          str(shape["head_dim"]), "--dtype", shape["dtype"], "--repeats", "1", "--warmup", "0",
-         "--no-check", "--no-ceilings"]
+         "--warmup-ms", "0", "--no-check", "--no-ceilings"]
     if shape["causal"]:
         a.append("--causal")
     if direction == "bwd":
@@ -279,19 +293,18 @@ def runner_args(shape, direction):
 
 
 def profile(ncu, runner, shape, direction, skip, workdir, tag):
-    """Runs one step under ncu; returns parse_ncu_csv's dict plus the command."""
+    """Runs one step under ncu; returns select_pass's dict (the harness's kernels and the first
+    `skip` of the step's left out) plus the command."""
     log = os.path.join(workdir, "ncu_%s.csv" % tag)
     cmd = [ncu, "--clock-control", "none", "--metrics", ",".join(METRICS), "--csv",
            "--print-units", "base", "--log-file", log]
-    if skip:
-        cmd += ["--launch-skip", str(skip)]
     cmd += [runner] + runner_args(shape, direction)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     text = open(log).read() if os.path.exists(log) else ""
     if p.returncode != 0:
         why = (p.stderr.strip() or text.strip() or p.stdout.strip()).splitlines()
         raise RuntimeError("exit %d: %s" % (p.returncode, " | ".join(why[-3:])))
-    result = parse_ncu_csv(text)
+    result = select_pass(parse_ncu_csv(text), skip)
     result["command"] = " ".join(os.path.relpath(c, REPO) if c == runner else c for c in cmd)
     return result
 
@@ -320,8 +333,8 @@ def parse_args(argv=None):
     p.add_argument("--ncu", help="path of ncu (default: PATH, then /usr/local/cuda*/)")
     p.add_argument("--model-only", action="store_true",
                    help="no GPU: print the model's predictions only")
-    p.add_argument("--out", help="JSON to write; the .md goes beside it "
-                                 "(default: docs/results/<gpu-slug>_io.json)")
+    p.add_argument("--out", help="JSON to write; the .md goes beside it (default: "
+                                 "docs/results/<gpu-slug>_io.json, _io_causal.json with --causal)")
     p.add_argument("--log-dir", default=os.environ.get("OUT"),
                    help="folder for copies of the outputs and the raw ncu logs "
                         "(default: $OUT if set)")

@@ -39,6 +39,36 @@ def test_parse_ncu_csv_sums_every_kernel():
     assert [k["kernel"] for k in r["per_kernel"]] == ["softmax_kernel", "gemm"]
 
 
+def test_select_pass_leaves_out_the_harness_and_the_forward():
+    text = "\n".join([HEADER] + [
+        line(i, name, "dram__bytes_read.sum", "byte", str(10 ** i))
+        for i, name in enumerate(["fa::fill_bits_kernel(unsigned short *, unsigned long, "
+                                  "unsigned short)", "fill_inputs_kernel(...)",
+                                  "flash_forward_kernel", "bwd_preprocess_kernel",
+                                  "bwd_dk_dv_kernel"])])
+    parsed = pio.parse_ncu_csv(text)
+    assert parsed["kernels"] == 5
+    fwd = pio.select_pass(parsed, 0)
+    assert [k["kernel"] for k in fwd["per_kernel"]] == [
+        "flash_forward_kernel", "bwd_preprocess_kernel", "bwd_dk_dv_kernel"]
+    bwd = pio.select_pass(parsed, 1)
+    assert bwd["kernels"] == 2 and bwd["read"] == 10 ** 3 + 10 ** 4
+
+
+def test_runner_runs_one_pass():
+    args = pio.runner_args({"batch": 1, "heads": 2, "heads_kv": 2, "seqlen": 64,
+                            "head_dim": 64, "dtype": "fp16", "causal": False}, "fwd")
+    # No warm-up by count nor by time (the runner's --warmup-ms default is 250 ms).
+    assert args[args.index("--warmup") + 1] == "0"
+    assert args[args.index("--warmup-ms") + 1] == "0"
+
+
+def test_every_causal_skipping_step_has_the_skip_model():
+    for step in ("06_causal_skip", "07_backward", "08_split_kv", "09_hopper_wgmma",
+                 "10_hopper_pingpong"):
+        assert pio.FORWARD_MODEL[step] == "fa2_skip"
+
+
 def test_parse_ncu_csv_errors():
     with pytest.raises(ValueError, match="no ncu CSV header"):
         pio.parse_ncu_csv("==PROF== ERR_NVGPUCTRPERM - no permission")

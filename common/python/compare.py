@@ -15,9 +15,10 @@ Usage (on a machine with an sm_80+ GPU, PyTorch and a built libfa):
 
 For every shape of the sweep (16K tokens: batch = 16384 / seqlen; hidden 2048: heads =
 2048 / head_dim; seqlen 512..16K; head dim 64 and 128; causal off and on; fp16) it makes one
-set of random inputs q, k, v, dO in BSHD layout [B, N, H, d] (uniform in (-1, 1) as the
-harness draws them, or N(0, 1) with --inputs normal: on the H200 normal inputs timed up to
-5% slower at N = 16384, see common/scripts/gpu/agree.sh) and runs on them:
+set of random inputs q, k, v, dO in BSHD layout [B, N, H, d] (as the harness draws them:
+uniform in (-1, 1), plus 0.5 for v and dO; or N(0, 1) with --inputs normal: on the H200
+normal inputs timed up to 5% slower at N = 16384, see common/scripts/gpu/agree.sh) and runs
+on them:
 
 - every landed step of this repository (through the ctypes wrapper, flash_steps), forward,
   and backward for the steps that have one;
@@ -137,6 +138,8 @@ def kv_bytes(batch, heads_kv, seqlen_k, head_dim):
 #: The decode sweep's defaults (--decode): the lists the issue that added step 08 asks for.
 DECODE_SEQLENS_Q = [1, 16]
 DECODE_SEQLENS_K = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+#: What the harness adds to V and dO (fa::InputSpec::v_offset), so that O's mean is not 0.
+V_OFFSET = 0.5
 DECODE_BATCHES = [1, 4, 16, 64]
 DECODE_HEADS_KV = [8, 32]
 
@@ -169,6 +172,7 @@ def int_list(text):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
+        allow_abbrev=False,  # --decode's defaults look for the flags spelled out
         description="Run every step and PyTorch's SDPA backends (FLASH, CUDNN, EFFICIENT) on "
                     "the same tensors, check that they agree, and time them.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -203,9 +207,9 @@ def parse_args(argv=None):
                    help="deterministic backward of the steps")
     p.add_argument("--seed", type=int, default=0, help="input seed (0: from the clock, saved)")
     p.add_argument("--inputs", choices=("uniform", "normal"), default="uniform",
-                   help="q, k, v, dO uniform in (-1, 1), the harness's distribution, so that "
-                        "the bench and this script time the same kind of data (uniform, "
-                        "default), or ~ N(0, 1) (normal)")
+                   help="q, k, v, dO uniform in (-1, 1), plus 0.5 for v and dO: the "
+                        "harness's distribution, so that the bench and this script time the "
+                        "same kind of data (uniform, default); or ~ N(0, 1) (normal)")
     p.add_argument("--out", help="JSON to write (default: docs/results/<gpu-slug>.json)")
     p.add_argument("--log-dir", default=os.environ.get("OUT"),
                    help="folder for a copy of the JSON and the log (default: $OUT if set)")
@@ -257,6 +261,9 @@ def parse_args(argv=None):
         p.error("--directions takes fwd, bwd or fwd,bwd")
     if any(c not in (0, 1) for c in a.causal) or not a.causal:
         p.error("--causal takes 0, 1 or 0,1")
+    for flag in ("seqlens", "head_dims", "seqlens_q", "seqlens_k", "batches", "heads_kv"):
+        if not getattr(a, flag):
+            p.error("--%s expects a comma-separated list of integers" % flag.replace("_", "-"))
     if any(n < 1 for n in a.seqlens) or any(d < 1 for d in a.head_dims):
         p.error("--seqlens and --head-dims must be positive")
     if any(n < 1 for n in a.seqlens_q + a.seqlens_k + a.batches + a.heads_kv) or a.heads < 1:
@@ -294,9 +301,11 @@ def _run(cmd):
 
 # Environment variables that change which kernels the steps run (fa::smem_per_block_optin,
 # 08_split_kv's FA_NUM_SPLITS, 07_backward's FA_BWD_TAIL_SPLIT and its test knob
-# FA_BWD_LATE_PREPROCESS): recorded in front of the command, as the shell line that reproduces
-# the run (fa::run_info does the same).
-KERNEL_ENV = ("FA_SMEM_LIMIT", "FA_NUM_SPLITS", "FA_BWD_TAIL_SPLIT", "FA_BWD_LATE_PREPROCESS")
+# FA_BWD_LATE_PREPROCESS, the Hopper steps' FA_HOPPER_BLOCK_M and FA_HOPPER_GRID): recorded in
+# front of the command, as the shell line that reproduces the run (fa::run_info does the same,
+# with the same list; a host test keeps the two equal).
+KERNEL_ENV = ("FA_SMEM_LIMIT", "FA_NUM_SPLITS", "FA_BWD_TAIL_SPLIT", "FA_BWD_LATE_PREPROCESS",
+              "FA_HOPPER_BLOCK_M", "FA_HOPPER_GRID")
 
 
 def run_info():
@@ -694,14 +703,15 @@ def measure_shape(torch, fs, args, shape, steps, progress):
     scale = 1.0 / math.sqrt(d)
     gen = torch.Generator(device=dev)
     gen.manual_seed(shape["seed"])
-    def draw(*size):
-        if args.inputs == "uniform":  # (-1, 1), as the harness draws them (fa::inputs)
-            return torch.rand(size, generator=gen, device=dev, dtype=dtype) * 2 - 1
+    def draw(*size, offset=0.0):
+        if args.inputs == "uniform":  # as the harness draws them (fa::input_distribution)
+            return torch.rand(size, generator=gen, device=dev, dtype=dtype) * 2 - 1 + offset
         return torch.randn(size, generator=gen, device=dev, dtype=dtype)
 
     q = draw(B, N, H, d)
-    k, v = (draw(B, Nk, Hkv, d) for _ in range(2))
-    d_o = draw(B, N, H, d)
+    k = draw(B, Nk, Hkv, d)
+    v = draw(B, Nk, Hkv, d, offset=V_OFFSET)
+    d_o = draw(B, N, H, d, offset=V_OFFSET)
     want_fwd, want_bwd = "fwd" in args.directions, "bwd" in args.directions
     # Decode shapes that fit in the L2 cache: the timed forward calls rotate among copies.
     copies = []
@@ -1089,6 +1099,11 @@ def main(argv=None):
                                "heads": heads, "heads_kv": heads, "seqlen_q": N, "seqlen_k": N,
                                "head_dim": d, "causal": bool(causal),
                                "seed": args.seed + len(shapes)})
+    if not shapes:  # only a decode sweep can leave none
+        sys.stderr.write("compare.py: no decode shape to run: a --heads-kv value must divide "
+                         "--heads (%d), and a shape's K and V must fit in --max-kv-gib\n"
+                         % args.heads)
+        return 2
     per_shape = len(args.backends) * len(args.directions)
     for st in steps:
         per_shape += ("fwd" in args.directions) + ("bwd" in args.directions
@@ -1105,7 +1120,8 @@ def main(argv=None):
                         "checked": not args.no_check, "deterministic": args.deterministic,
                         "steps": steps, "backends": args.backends,
                         "inputs": "q, k, v, dO ~ %s in BSHD; SDPA gets [B, H, N, d] views"
-                                  % ("N(0, 1)" if args.inputs == "normal" else "U(-1, 1)"),
+                                  % ("N(0, 1)" if args.inputs == "normal" else
+                                     "U(-1, 1), v and dO + %g" % V_OFFSET),
                         "reference": "fp32 torch on upcast inputs, slices (b, h) = (0, 0) and "
                                      "(B-1, H-1); bounds of fa::tolerance()",
                         "timing": "CUDA events around each call, calls queued back to back, "

@@ -4,6 +4,8 @@ the decode sweep's rotation among copies of the inputs."""
 import os
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
@@ -46,3 +48,26 @@ def test_decode_rotation_covers_four_l2_caches():
     for _ in range(5):
         turn()
     assert calls == [0, 1, 0, 1, 0]
+
+
+def test_empty_lists_and_abbreviated_flags_are_refused():
+    for argv in (["--seqlens", ","], ["--head-dims", ","], ["--decode", "--batches", ","]):
+        with pytest.raises(SystemExit):
+            compare.parse_args(argv)
+    # --decode's defaults look for the flags spelled out; an abbreviation would be parsed and
+    # then overwritten by them, so it is refused.
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--decode", "--direction", "bwd"])
+    a = compare.parse_args(["--decode", "--directions", "bwd", "--head-dims", "64"])
+    assert a.directions == ["bwd"] and a.head_dims == [64]
+    a = compare.parse_args(["--decode"])
+    assert a.directions == ["fwd"] and a.head_dims == [128]
+
+
+def test_kernel_env_is_the_harness_list():
+    """compare.py and fa::run_info name the same variables in front of a run's command."""
+    import re
+    src = open(os.path.join(compare.REPO, "common", "src", "host", "report.cpp")).read()
+    body = src[src.index("RunInfo run_info("):]
+    body = body[:body.index("run.command +=")]
+    assert tuple(re.findall(r'"(FA_[A-Z0-9_]+)"', body)) == compare.KERNEL_ENV

@@ -185,6 +185,18 @@ def test_compare_decode_sweep_on_cpu(tmp_path, monkeypatch):
     assert "copy ceiling" in table and "%copy" in table
 
 
+def test_compare_refuses_an_empty_sweep(tmp_path, monkeypatch, capsys):
+    fake = FakeSteps()
+    for name in ("steps", "has_backward", "library_path", "prepare_forward",
+                 "prepare_backward"):
+        monkeypatch.setattr(flash_steps, name, getattr(fake, name))
+    out = tmp_path / "decode.json"
+    # No --heads-kv value divides --heads: no shape, a non-zero status and no file.
+    assert compare.main(["--device", "cpu", "--decode", "--heads", "4", "--heads-kv", "3",
+                         "--out", str(out)]) == 2
+    assert "no decode shape to run" in capsys.readouterr().err and not out.exists()
+
+
 def test_compare_aborts_cleanly_when_the_gpu_state_is_lost(tmp_path, monkeypatch):
     fake = FakeSteps()
     for name in ("steps", "has_backward", "library_path", "prepare_forward",

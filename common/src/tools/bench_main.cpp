@@ -77,6 +77,13 @@ int main(int argc, char** argv) {
         s.causal = causal != 0;
         shapes.push_back(s);
       }
+  if (shapes.empty()) {  // only a decode sweep can leave none
+    std::fprintf(stderr,
+                 "bench: no decode shape to run: a --heads-kv value must divide --heads (%d), "
+                 "and a shape's K and V must fit in --max-kv-mib\n",
+                 opt.heads);
+    return 2;
+  }
   int total = 0;
   for (size_t i = 0; i < shapes.size(); ++i)
     for (const std::string& dir : opt.directions)

@@ -114,7 +114,8 @@ std::string build_commit();
 /// This build's commit, the current time and the command line `argv` joined by spaces, with
 /// `NAME=<value> ` in front for each variable that changes the kernels a step runs and is set:
 /// FA_SMEM_LIMIT (the tile shapes), FA_NUM_SPLITS (08's split of the keys), FA_BWD_TAIL_SPLIT
-/// (07's split of the last wave), FA_BWD_LATE_PREPROCESS (07's test knob: a late preprocess).
+/// (07's split of the last wave), FA_BWD_LATE_PREPROCESS (07's test knob: a late preprocess),
+/// FA_HOPPER_BLOCK_M and FA_HOPPER_GRID (09's and 10's Q block at d = 64 and their grid).
 RunInfo run_info(int argc, char** argv);
 
 /// The current UTC time as "2026-11-29T12:00:00Z".

@@ -169,7 +169,7 @@ void print_table(std::ostream& os, const GpuInfo& gpu, const Ceilings& ceilings,
       line, sizeof line,
       "%-20s %-3s %-4s %3s %5s %6s %6s %4s %-6s %9s %7s %8s %6s %6s%s %6s %5s %7s %7s  %s\n",
       "step", "dir", "dt", "B", "H/kv", "Nq", "Nk", "d", "mask", "ms", "spread", "TFLOP/s", "%mma",
-      "%cuBL", wgmma ? " %wgmma" : "", "GB/s", "%copy", "vs prev", "vs 01", "check");
+      "%cuBL", wgmma ? " %wgmma" : "", "GB/s", "%copy", "vs prev", "vs 1st", "check");
   os << line;
   for (const ResultRow& r : rows) {
     const ProblemShape& s = r.shape;
@@ -328,10 +328,11 @@ RunInfo run_info(int argc, char** argv) {
   // The variables that change the kernels some steps run (FA_SMEM_LIMIT: the tile shapes, see
   // fa::smem_per_block_optin; FA_NUM_SPLITS: 08_split_kv's split of the keys;
   // FA_BWD_TAIL_SPLIT: 07_backward's split of the last wave; FA_BWD_LATE_PREPROCESS: 07's test
-  // knob that delays its preprocess) go in front of the command, as in the shell line that
-  // reproduces the run.
-  for (const char* name :
-       {"FA_SMEM_LIMIT", "FA_NUM_SPLITS", "FA_BWD_TAIL_SPLIT", "FA_BWD_LATE_PREPROCESS"})
+  // knob that delays its preprocess; FA_HOPPER_BLOCK_M, FA_HOPPER_GRID: 09's and 10's tile and
+  // grid) go in front of the command, as in the shell line that reproduces the run. compare.py's
+  // KERNEL_ENV is the same list (a host test keeps the two equal).
+  for (const char* name : {"FA_SMEM_LIMIT", "FA_NUM_SPLITS", "FA_BWD_TAIL_SPLIT",
+                           "FA_BWD_LATE_PREPROCESS", "FA_HOPPER_BLOCK_M", "FA_HOPPER_GRID"})
     if (const char* value = std::getenv(name)) run.command += std::string(name) + "=" + value + " ";
   for (int i = 0; i < argc; ++i) run.command += (i ? " " : "") + std::string(argv[i]);
   return run;

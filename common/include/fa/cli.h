@@ -81,8 +81,8 @@ bool parse_bench_args(const std::vector<std::string>& args, BenchOptions* out, s
 /// The decode sweep of `o`: every head dim x causal x heads_kv x seqlen_q x batch x seqlen_k
 /// of its lists, with o.heads query heads and o.dtype, in that order, leaving out the shapes
 /// whose K and V (kv_bytes()) exceed o.max_kv_mib MiB and those whose heads_kv does not divide
-/// o.heads. The inputs are made on the host and uploaded, hence the cap; compare.py --decode
-/// makes them on the GPU and reaches larger shapes.
+/// o.heads (a sweep left with no shape is an error in the bench). The cap (1 GiB by default)
+/// keeps the sweep's time and memory in bounds; compare.py --decode has its own, --max-kv-gib.
 std::vector<ProblemShape> decode_shapes(const BenchOptions& o);
 
 /// The bench's --help text.

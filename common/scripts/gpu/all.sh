@@ -24,7 +24,8 @@ elapsed() { echo $(( $(date +%s) - start )); }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu \
   --format=csv > "$logs/gpu.txt" 2>&1
-git rev-parse --short=12 HEAD > "$logs/commit.txt" 2>/dev/null || echo "${FA_GIT_COMMIT:-unknown}" > "$logs/commit.txt"
+# FA_GIT_COMMIT first, as queue.sh and compare.py: a copied tree's .git may name an old commit.
+echo "${FA_GIT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}" > "$logs/commit.txt"
 cmake -S . -B "$FA_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA_BUILD_DOCS=OFF \
   > "$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
 if ! cmake --build "$FA_BUILD_DIR" -j "$(nproc)" > "$logs/build.log" 2>&1; then

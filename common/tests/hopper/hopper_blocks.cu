@@ -317,9 +317,12 @@ void test_mma(const char* type_name) {
 // 4. The epilogue: staging in the swizzled Q tile, TMA store, L
 // ------------------------------------------------------------------------------------------
 
-/// o_acc = pattern, row_sum = 1/4 per lane (1 per row), row_max = 0: the epilogue must store
-/// O = pattern and L = 0 for the rows of [q_start, q_start + kBlockM) before N_q. It runs
-/// twice, as for two tiles in a row, so that the second waits for the first store.
+/// o_acc = pattern, row_sum = 1/2 per lane (\f$\ell = 2\f$ per row), row_max = 1, with
+/// args.scale = 1/2: the epilogue must store O = pattern / 2 (exact: the pattern is multiples
+/// of 1/4) and \f$L = 1 \cdot 1/2 + \ln 2\f$ for the rows of [q_start, q_start + kBlockM)
+/// before N_q, so that an O left unnormalized, a row sum not reduced over its quad, or an L
+/// without the scale or the log fails. It runs twice, as for two tiles in a row, so that the
+/// second waits for the first store.
 template <typename T, class Tr>
 __global__ void __launch_bounds__(128 * Tr::kNumConsumers)
     store_kernel(const __grid_constant__ CUtensorMap o_map, const fa_fwd_args args, int batch,
@@ -332,7 +335,7 @@ __global__ void __launch_bounds__(128 * Tr::kNumConsumers)
   for (int nd = 0; nd < Tr::kNTilesO; ++nd)
     for (int e = 0; e < 4; ++e)
       o_acc[0][nd][e] = small_value((row0 + 8 * (e / 2)) * 1000 + 8 * nd + 2 * (lane % 4) + e % 2);
-  float row_max[1][2] = {{0.f, 0.f}}, row_sum[1][2] = {{0.25f, 0.25f}};
+  float row_max[1][2] = {{1.f, 1.f}}, row_sum[1][2] = {{0.5f, 0.5f}};
   Tile t{};
   t.q_start = q_start;
   t.head = head;
@@ -369,7 +372,7 @@ void test_store(const char* type_name, std::initializer_list<int> q_starts) {
   args.seqlen_q = N;
   args.seqlen_k = N;
   args.head_dim = d;
-  args.scale = 1.f;
+  args.scale = 0.5f;  // L = row_max * scale + ln(row sum)
   args.o = t;
   args.lse = lse;
   const int smem = Tr::kOBytes + 1024;
@@ -390,7 +393,7 @@ void test_store(const char* type_name, std::initializer_list<int> q_starts) {
     for (int r = 0; r < Tr::kBlockM && q_start + r < N; ++r)
       for (int c = 0; c < d; ++c)
         want[batch * t.batch_stride + (q_start + r) * t.row_stride + head * t.head_stride + c] =
-            bits_of<T>(small_value(r * 1000 + c));
+            bits_of<T>(small_value(r * 1000 + c) / 2.f);
     int bad = 0, bad_lse = 0;
     std::string first;
     for (size_t i = 0; i < elems; ++i)
@@ -400,7 +403,7 @@ void test_store(const char* type_name, std::initializer_list<int> q_starts) {
         for (int s = 0; s < N; ++s) {
           const bool written = b == batch && h == head && s >= q_start && s < q_start + Tr::kBlockM;
           const float x = l[(b * H + h) * N + s];
-          bad_lse += written ? (x != 0.f) : !std::isnan(x);
+          bad_lse += written ? !(std::abs(x - (0.5f + std::log(2.f))) <= 1e-6f) : !std::isnan(x);
         }
     report(bad == 0 && bad_lse == 0,
            "epilogue (TMA store) " + what + " q_start=" + std::to_string(q_start),

@@ -476,8 +476,10 @@ def main(argv=None):
                 rows.append(row)
     doc = {"gpu": name, "driver": driver, "shape": shape, "directions": a.directions,
            "ncu": ncu, "metrics": list(METRICS),
-           "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                    text=True).stdout.strip() or "unknown",
+           # FA_GIT_COMMIT first, as compare.py: a copied tree's .git may name an old commit.
+           "commit": os.environ.get("FA_GIT_COMMIT") or subprocess.run(
+               ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+               text=True).stdout.strip() or "unknown",
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "model_source": "closed forms of common/include/fa/cpu_models.h evaluated in Python",
            "rows": rows}

@@ -66,11 +66,16 @@ struct BackwardRef {
   std::vector<double> dk;      ///< kv_rows.size() x d
   std::vector<double> dv;      ///< kv_rows.size() x d
   /// The magnitude of the terms each gradient is summed from, elementwise (same shapes):
-  /// \f$ s \sum_j P_{ij}(|dP_{ij}| + |D_i|)\,|K_j| \f$ for dQ,
-  /// \f$ s \sum_i P_{ij}(|dP_{ij}| + |D_i|)\,|Q_i| \f$ for dK,
-  /// \f$ \sum_i P_{ij} |dO_i| \f$ for dV. Where \f$dP - D\f$ cancels (a one-hot softmax, a
-  /// single key) the gradient is far smaller than these terms, and their rounding sets the
-  /// error (see compare()).
+  /// \f$ s \sum_j m_{ij}\,|K_j| \f$ for dQ, \f$ s \sum_i m_{ij}\,|Q_i| \f$ for dK and
+  /// \f$ \sum_i P_{ij} |dO_i| \f$ for dV, where \f$m_{ij}\f$ is the size of what
+  /// \f$dS_{ij}\f$ is computed from. With the forward's outputs given (GivenForward):
+  /// \f$ m_{ij} = P_{ij}(|dP_{ij} - D_i| + \kappa R_i) \f$, \f$R_i = \sum_c |dO_{ic} O_{ic}|\f$,
+  /// \f$\kappa = d \cdot\f$ kGivenForwardKappaPerDim. Without them,
+  /// \f$ m_{ij} = P_{ij}(|dP_{ij}| + |D_i|) \f$: the oracle's D then comes from the exact O,
+  /// and the kernel's from the 16-bit O it is given, an error of the size of
+  /// \f$\epsilon |D_i|\f$. Where \f$dP - D\f$ cancels (a one-hot softmax, a single key) the
+  /// gradient is far smaller than these terms, and their rounding sets the error (see
+  /// compare()).
   std::vector<double> dq_mag;
   std::vector<double> dk_mag;  ///< see dq_mag
   std::vector<double> dv_mag;  ///< see dq_mag
@@ -90,14 +95,35 @@ struct BackwardRef {
   std::vector<double> dk_floor;  ///< see dq_floor
   std::vector<double> dv_floor;  ///< see dq_floor
 };
+/// The forward's outputs a backward pass was given, as it read them: O in the layout of
+/// HostProblem::q_index ([B, Nq, H, d]) and L in that of lse_index ([B, H, Nq]).
+/// reference_backward() then computes the exact backward of those inputs: \f$L_i\f$ as given,
+/// \f$D_i = dO_i \cdot O_i\f$ from the given O. A kernel computes \f$D_i\f$ and every
+/// \f$dP_{ij}\f$ as fp32 sums of d exact products, so where they should cancel (one key, a
+/// one-hot softmax: O = V) their difference can still be about \f$d\,2^{-24} R_i\f$, with
+/// \f$R_i = \sum_c |dO_{ic} O_{ic}|\f$. The cancellation floor lets that pass at fp16's
+/// gradient bound (\f$4 \cdot 2^{-10}\f$ of 1/kCancellationFloor of the magnitude) when
+/// \f$\kappa R_i\f$ joins \f$|dP_{ij} - D_i|\f$ with \f$\kappa = d \cdot 2^{-12}\f$: that
+/// is \f$16 \cdot d\,2^{-24} / 2^{-8}\f$.
+struct GivenForward {
+  const std::vector<float>* o = nullptr;    ///< [B, Nq, H, d]
+  const std::vector<float>* lse = nullptr;  ///< [B, H, Nq], +inf for a row that sees no key
+};
+
+/// \f$\kappa / d\f$ of GivenForward's floor: \f$2^{-12}\f$.
+constexpr double kGivenForwardKappaPerDim = 1.0 / 4096;
+
 /// Backward reference in fp64: dQ on `q_rows`, dK and dV on `kv_rows` (summed over the query
 /// heads that share each key/value head), with \f$s\f$ the softmax scale:
 /// \f$ dV_j = \sum_i P_{ij} dO_i,\ dP_{ij} = dO_i \cdot V_j,\ D_i = dO_i \cdot O_i,\f$
 /// \f$ dS_{ij} = P_{ij}(dP_{ij} - D_i),\ dQ_i = s \sum_j dS_{ij} K_j,
-/// \ dK_j = s \sum_i dS_{ij} Q_i \f$. L and D are computed exactly for every query row of the
-/// heads involved (a dK/dV row needs all query rows of its group), then only the requested rows.
+/// \ dK_j = s \sum_i dS_{ij} Q_i \f$. L and D are computed for every query row of the heads
+/// involved (a dK/dV row needs all query rows of its group), then only the requested rows:
+/// exactly from the inputs, or, with `given`, from the forward outputs the kernel was handed
+/// (the GPU checks pass them, so that the floor of dQ and dK can be tight).
 BackwardRef reference_backward(const HostProblem& p, const std::vector<RowId>& q_rows,
-                               const std::vector<RowId>& kv_rows);
+                               const std::vector<RowId>& kv_rows,
+                               const GivenForward* given = nullptr);
 
 }  // namespace fa
 

@@ -563,13 +563,15 @@ CheckResult check_backward(const std::string& step, DeviceProblem& dp, const Hos
                            bool deterministic) {
   CheckResult result;
   if (!run_step(step, dp, true, deterministic, &result)) return result;
-  std::vector<float> dq, dk, dv;
+  std::vector<float> dq, dk, dv, o, lse;
   dp.download_backward(&dq, &dk, &dv);
+  dp.download_forward(&o, &lse);  // what the backward was given
+  const GivenForward given{&o, &lse};
   const ProblemShape& s = p.shape;
   compare_backward(&result, gather_rows(dq, q_rows, s.seqlen_q, s.heads, s.head_dim),
                    gather_rows(dk, kv_rows, s.seqlen_k, s.heads_kv, s.head_dim),
                    gather_rows(dv, kv_rows, s.seqlen_k, s.heads_kv, s.head_dim),
-                   reference_backward(p, q_rows, kv_rows), q_rows, kv_rows, s);
+                   reference_backward(p, q_rows, kv_rows, &given), q_rows, kv_rows, s);
   return result;
 }
 
@@ -613,15 +615,17 @@ CheckResult check_backward_sampled(const std::string& step, DeviceProblem& dp, i
   std::vector<RowId> q_rows, kv_rows;
   sample_group_rows(p.shape, 0, 0, rows, seed, &q_rows, &kv_rows);
   add_attended_keys(p, q_rows, rows, &kv_rows);
-  std::vector<float> dq, dk, dv;
+  std::vector<float> dq, dk, dv, o, lse;
   dp.download_group_backward(b, kv_head, &dq, &dk, &dv);
+  dp.download_group_forward(b, kv_head, &o, &lse);  // what the backward was given
+  const GivenForward given{&o, &lse};
   std::vector<RowId> q_where, kv_where;
   for (const RowId& r : q_rows) q_where.push_back(in_problem(r, b, kv_head, group));
   for (const RowId& r : kv_rows) kv_where.push_back({b, kv_head, r.s});
   compare_backward(&result, gather_rows(dq, q_rows, s.seqlen_q, group, s.head_dim),
                    gather_rows(dk, kv_rows, s.seqlen_k, 1, s.head_dim),
                    gather_rows(dv, kv_rows, s.seqlen_k, 1, s.head_dim),
-                   reference_backward(p, q_rows, kv_rows), q_where, kv_where, s);
+                   reference_backward(p, q_rows, kv_rows, &given), q_where, kv_where, s);
   return result;
 }
 

@@ -213,7 +213,7 @@ ForwardRef reference_forward(const HostProblem& p, const std::vector<RowId>& row
 }
 
 BackwardRef reference_backward(const HostProblem& p, const std::vector<RowId>& q_rows,
-                               const std::vector<RowId>& kv_rows) {
+                               const std::vector<RowId>& kv_rows, const GivenForward* given) {
   const ProblemShape& s = p.shape;
   const int d = s.head_dim;
   const int group = s.heads / s.heads_kv;
@@ -248,15 +248,37 @@ BackwardRef reference_backward(const HostProblem& p, const std::vector<RowId>& q
         for (int i = 0; i < s.seqlen_q; ++i) stats_rows.push_back({b, h, i});
   std::vector<double> lse(static_cast<size_t>(s.batch) * s.heads * s.seqlen_q, kInf);
   std::vector<double> delta(lse.size(), 0.0);
+  // With the forward's outputs given: R_i = sum_c |dO_ic O_ic|, the size of the terms that D_i
+  // and dP_ij are summed from (see GivenForward), and the factor kappa of the floor.
+  std::vector<double> terms(lse.size(), 0.0);
+  const double kappa = d * kGivenForwardKappaPerDim;
   parallel_for(stats_rows.size(), 2.0 * s.seqlen_k * d, [&](size_t r) {
     thread_local std::vector<double> scores, o;
     scores.resize(s.seqlen_k);
     o.resize(d);
     const RowId& row = stats_rows[r];
     const size_t at = p.lse_index(row.b, row.h, row.s);
-    lse[at] = forward_row(p, row.b, row.h, row.s, o.data(), scores);
-    delta[at] = dot(o.data(), &p.d_o[p.q_index(row.b, row.s, row.h, 0)], d);
+    const float* d_o = &p.d_o[p.q_index(row.b, row.s, row.h, 0)];
+    if (given != nullptr) {  // the L and O the backward was handed
+      lse[at] = (*given->lse)[at];
+      const float* o_given = &(*given->o)[p.q_index(row.b, row.s, row.h, 0)];
+      double dd = 0, rr = 0;
+      for (int c = 0; c < d; ++c) {
+        dd += static_cast<double>(d_o[c]) * o_given[c];
+        rr += std::abs(static_cast<double>(d_o[c]) * o_given[c]);
+      }
+      delta[at] = dd;
+      terms[at] = rr;
+    } else {
+      lse[at] = forward_row(p, row.b, row.h, row.s, o.data(), scores);
+      delta[at] = dot(o.data(), d_o, d);
+    }
   });
+  // The magnitude of dS_ij's terms for the cancellation floor (see BackwardRef::dq_mag).
+  const auto d_score_magnitude = [&](double prob, double d_prob, size_t at) {
+    return given != nullptr ? prob * (std::abs(d_prob - delta[at]) + kappa * terms[at])
+                            : prob * (std::abs(d_prob) + std::abs(delta[at]));
+  };
 
   // 2. dQ_i = scale * sum_j P_ij (dP_ij - D_i) K_j over the keys row i sees.
   parallel_for(q_rows.size(), 3.0 * s.seqlen_k * d, [&](size_t r) {
@@ -273,7 +295,7 @@ BackwardRef reference_backward(const HostProblem& p, const std::vector<RowId>& q
       const double prob = std::exp(scale * dot(q, k, d) - lse[at]);
       const double d_prob = dot(d_o, &p.v[p.kv_index(row.b, j, kv_head, 0)], d);
       const double d_score = prob * (d_prob - delta[at]);
-      const double d_score_mag = prob * (std::abs(d_prob) + std::abs(delta[at]));
+      const double d_score_mag = d_score_magnitude(prob, d_prob, at);
       const double d_score_floor =
           unit * (underflows(prob) * std::abs(d_prob - delta[at]) + underflows(d_score));
       for (int c = 0; c < d; ++c) {
@@ -304,7 +326,7 @@ BackwardRef reference_backward(const HostProblem& p, const std::vector<RowId>& q
         const double prob = std::exp(scale * dot(q, k, d) - lse[at]);
         const double d_prob = dot(d_o, v, d);
         const double d_score = prob * (d_prob - delta[at]);
-        const double d_score_mag = prob * (std::abs(d_prob) + std::abs(delta[at]));
+        const double d_score_mag = d_score_magnitude(prob, d_prob, at);
         const double prob_floor = unit * underflows(prob);
         const double d_score_floor =
             prob_floor * std::abs(d_prob - delta[at]) + unit * underflows(d_score);

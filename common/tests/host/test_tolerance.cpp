@@ -104,12 +104,37 @@ Grads emulate_backward(const HostProblem& p, int b, int kv_head, Bug bug = Bug::
   return {dq, dk, dv};
 }
 
+/// The forward outputs the emulated backward reads: O rounded to the dtype, L in fp32, in the
+/// layouts of GivenForward (what the GPU checks download from the kernel's forward).
+struct EmulatedForward {
+  std::vector<float> o, lse;
+  GivenForward given() const { return {&o, &lse}; }
+};
+EmulatedForward emulate_forward(const HostProblem& p) {
+  const ProblemShape& s = p.shape;
+  const std::vector<RowId> rows = all_q_rows(s);
+  const ForwardRef fwd = reference_forward(p, rows);
+  EmulatedForward f;
+  f.o.assign(static_cast<size_t>(s.batch) * s.seqlen_q * s.heads * s.head_dim, 0.f);
+  f.lse.assign(static_cast<size_t>(s.batch) * s.heads * s.seqlen_q, 0.f);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const RowId& row = rows[r];
+    f.lse[p.lse_index(row.b, row.h, row.s)] = static_cast<float>(fwd.lse[r]);
+    for (int c = 0; c < s.head_dim; ++c)
+      f.o[p.q_index(row.b, row.s, row.h, c)] =
+          round_to(s.dtype, static_cast<float>(fwd.o[r * s.head_dim + c]));
+  }
+  return f;
+}
+
 /// The three gradients of group (b, kv_head) against the oracle, on every row; "" if all pass,
-/// else the first one out of bounds with its numbers.
-std::string check_group(const HostProblem& p, int b, int kv_head, const Grads& g) {
+/// else the first one out of bounds with its numbers. With `given`, the oracle computes the
+/// backward of those forward outputs, as the GPU checks do.
+std::string check_group(const HostProblem& p, int b, int kv_head, const Grads& g,
+                        const GivenForward* given = nullptr) {
   std::vector<RowId> q_rows, kv_rows;
   group_rows(p.shape, b, kv_head, &q_rows, &kv_rows);
-  const BackwardRef ref = reference_backward(p, q_rows, kv_rows);
+  const BackwardRef ref = reference_backward(p, q_rows, kv_rows, given);
   const Tolerance tol = tolerance(p.shape.dtype, Quantity::kGradient);
   const struct {
     const char* name;
@@ -223,6 +248,43 @@ TEST(UnderflowFloor, ZeroWhereNothingUnderflows) {
   // dS can still be tiny where dP - D nearly cancels; those few terms stay negligible.
   EXPECT_LT(*std::max_element(ref.dk_floor.begin(), ref.dk_floor.end()), 1e-6);
   EXPECT_LT(*std::max_element(ref.dq_floor.begin(), ref.dq_floor.end()), 1e-6);
+}
+
+// The GPU checks give the oracle the forward outputs the backward read (GivenForward). The
+// emulated kernel, whose D comes from its 16-bit O, then passes with the tight floor of dQ and
+// dK, every planted mistake still fails, and so does a whole dQ off by 1%, which the floor
+// without the given outputs lets pass in fp16 at this shape (one query row, 513 keys, d = 128:
+// dP and D are each about d / 4 with the suite's inputs and cancel in dP - D).
+TEST(GivenForward, TightFloorPassesTheRoundedKernelAndFailsMistakes) {
+  InputSpec spec;
+  spec.seed = 7;
+  std::vector<HostProblem> problems = {
+      issue_problem(),
+      issue_problem(FA_BF16),
+      make_problem(make_shape(1, 4, 2, 100, 300, 64, true), spec),
+      make_problem(make_shape(1, 3, 1, 257, 257, 128, false), spec),
+      make_problem(make_shape(2, 2, 1, 1, 513, 128, false), spec),
+      make_problem(make_shape(1, 2, 2, 1, 1, 64, false), spec)};
+  problems.push_back(make_problem(make_shape(1, 4, 2, 100, 300, 64, true, FA_BF16), spec));
+  for (const HostProblem& p : problems) {
+    const EmulatedForward f = emulate_forward(p);
+    const GivenForward given = f.given();
+    for (int b = 0; b < p.shape.batch; ++b)
+      for (int kv_head = 0; kv_head < p.shape.heads_kv; ++kv_head)
+        EXPECT_EQ(check_group(p, b, kv_head, emulate_backward(p, b, kv_head), &given), "")
+            << p.shape.describe() << " group (" << b << ", " << kv_head << ")";
+    for (Bug bug : {Bug::kDvTimesTwo, Bug::kDkTimesTwo, Bug::kDqTimesTwo, Bug::kNoDeltaInDs})
+      if (p.shape.seqlen_k > 1)  // one key: dQ and dK are 0, so twice them is still right
+        EXPECT_NE(check_group(p, 0, 0, emulate_backward(p, 0, 0, bug), &given), "")
+            << p.shape.describe() << ": bug " << static_cast<int>(bug) << " passed";
+  }
+  const HostProblem decode = make_problem(make_shape(2, 2, 1, 1, 513, 128, false), spec);
+  const EmulatedForward f = emulate_forward(decode);
+  const GivenForward given = f.given();
+  Grads off = emulate_backward(decode, 0, 0);
+  for (float& x : off.dq) x = round_to(FA_FP16, 1.01f * x);
+  EXPECT_EQ(check_group(decode, 0, 0, off), "") << "the floor without the given outputs";
+  EXPECT_NE(check_group(decode, 0, 0, off, &given), "") << "dQ 1% off passed the tight floor";
 }
 
 TEST(UnderflowFloor, UnitsFollowTheDtype) {

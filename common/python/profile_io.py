@@ -417,7 +417,8 @@ def markdown(doc):
     lines += ["", "The model charges every tile load to device memory; re-reads that hit the "
               "L2 cache do not reach DRAM, so the FlashAttention steps measure below their "
               "model, while step 01's N x N score and probability matrices do not fit in L2 "
-              "and are measured in full."]
+              + ("and reach DRAM; under the mask 01's kernels skip part of them, which its "
+                 "model still charges." if s["causal"] else "and are measured in full.")]
     return "\n".join(lines) + "\n"
 
 

@@ -61,6 +61,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import compare  # noqa: E402  (standard library only at import: its run_info names the commit)
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 
@@ -361,8 +363,7 @@ def has_backward(step, bin_dir=None):
             lib = os.path.join(bin_dir, os.pardir, "lib", "libfa.so")
             if os.path.isfile(lib):
                 os.environ["FA_LIB"] = os.path.abspath(lib)
-        sys.path.insert(0, HERE)
-        import flash_steps
+        import flash_steps  # beside this script (HERE is on sys.path)
 
         return flash_steps.has_backward(step)
     except Exception:  # no library here (e.g. --model-only on a laptop): fall back
@@ -477,10 +478,7 @@ def main(argv=None):
                 rows.append(row)
     doc = {"gpu": name, "driver": driver, "shape": shape, "directions": a.directions,
            "ncu": ncu, "metrics": list(METRICS),
-           # FA_GIT_COMMIT first, as compare.py: a copied tree's .git may name an old commit.
-           "commit": os.environ.get("FA_GIT_COMMIT") or subprocess.run(
-               ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-               text=True).stdout.strip() or "unknown",
+           "commit": compare.run_info()["commit"],  # FA_GIT_COMMIT first, then git
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "model_source": "closed forms of common/include/fa/cpu_models.h evaluated in Python",
            "rows": rows}

@@ -59,7 +59,7 @@ void run_large(const std::string& step, const ProblemShape& s, Layout layout, bo
 
 class LargeProblems : public testing::TestWithParam<std::string> {};
 
-// The example: Q, K, V and O of 2.7e9 elements each (21 GiB in all), causal.
+// The example: Q, K, V and O of 2.7e9 elements each (21 GB, 20 GiB, in all), causal.
 TEST_P(LargeProblems, DISABLED_Forward) {
   FA_REQUIRE_GPU();
   const std::string& step = GetParam();
@@ -69,7 +69,7 @@ TEST_P(LargeProblems, DISABLED_Forward) {
   });
 }
 
-// Eight tensors of 2.15e9 elements each (35 GiB), moderate lengths so that the FLOPs stay
+// Eight tensors of 2.15e9 elements each (34 GB, 32 GiB), moderate lengths so that the FLOPs stay
 // small: d = 128 causal in BSHD, and d = 64 without a mask in BHSD (head-major).
 TEST_P(LargeProblems, DISABLED_Backward) {
   FA_REQUIRE_GPU();

@@ -2,8 +2,9 @@
 # Why the bench and compare.py disagree on the same step and shape (issue 13: within 5%).
 # Times the same few steps at the shapes where they disagreed most, with both tools, A B A B:
 #   compare.py with N(0, 1) inputs, compare.py with its default, the harness's inputs
-#   (U(-1, 1), v and dO + 0.5), the bench; twice each, in turn, so that a drift of the GPU's clocks over the
-#   run shows as a difference between the two passes of one tool, not between the tools.
+#   (U(-1, 1), v and dO + 0.5), the bench; twice each, in turn, so that a drift of the GPU's
+#   clocks over the run shows as a difference between the two passes of one tool, not between
+#   the tools.
 # nvidia-smi dmon logs power, temperature, clocks and throttle counters once a second beside
 # it (dmon.txt), and every progress line gets a wall-clock stamp, so a slow row can be matched
 # with the clocks it ran at.

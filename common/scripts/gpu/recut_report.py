@@ -11,6 +11,10 @@
                                                    within 5%; BENCH.json "-": none), 06 / PyTorch
                                                    FLASH, and the control: 07's forward over 06's
                                                    (the same machine code) in each tool
+    recut_report.py bars RUN.json [RUN.json ...]   issues 13 and 14's speed bars over several compare.py
+                                                   runs: per cell, the median over the runs of 06's
+                                                   forward and 07's backward over FLASH's, its range,
+                                                   and in how many runs it was under its bar
     recut_report.py rounds RUN.json                how far apart each cell's rounds lie (--rounds), per
                                                    step and direction: the precision of its figures
     recut_report.py regs BUILD.log                 registers and spills per kernel, from ptxas -v
@@ -21,6 +25,7 @@ Python 3 standard library only. Prints plain text; exit status 0 unless an input
 import itertools
 import json
 import re
+import statistics
 import sys
 
 CHAIN = ["01_naive", "02_tiled_fa1", "03_loop_swap", "04_deferred_rescale", "05_split_q",
@@ -211,6 +216,71 @@ def cmd_agree(cmp_path, bench_path):
         for c, v in sorted(ratios.items())))
 
 
+# The speed bars of the issues, against PyTorch FLASH on the same tensors in one compare.py run,
+# at N >= 1024: (step, direction) -> (bar without the mask, bar under causal masking).
+BARS = {("06_causal_skip", "fwd"): (1.05, 1.10), ("07_backward", "bwd"): (1.05, 1.05)}
+
+
+def bar_ratios(paths):
+    """{(step, direction, d, causal, N): [step / FLASH, one per run that has the cell]}. A step
+    row that errored or failed its check counts as 0 (a wrong kernel meets no speed bar); a
+    cell whose FLASH row is missing or errored is left out of that run."""
+    ratios = {}
+    for path in paths:
+        rows = json.load(open(path))["results"]
+        flash = {(r["direction"], r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r["tflops"]
+                 for r in rows if r["impl"] == "sdpa_flash" and not r.get("error")
+                 and r.get("tflops")}
+        for r in rows:
+            key = (r["impl"], r["direction"], r["head_dim"], bool(r["causal"]), r["seqlen_q"])
+            f = flash.get(key[1:])
+            if key[:2] not in BARS or key[4] < 1024 or not f:
+                continue
+            ok = r.get("passed", False) and not r.get("error") and r.get("tflops")
+            ratios.setdefault(key, []).append(r["tflops"] / f if ok else 0.0)
+    return ratios
+
+
+def bar_table(paths):
+    """The lines that cmd_bars prints, and the cells under their bar on the median."""
+    ratios = bar_ratios(paths)
+    lines, misses = [], []
+    for step, direction in sorted({k[:2] for k in ratios}):
+        cells = {k[2:]: v for k, v in ratios.items() if k[:2] == (step, direction)}
+        ns = sorted({k[2] for k in cells})
+        bars = BARS[(step, direction)]
+        lines.append("%s %s / FLASH, %d runs; bars %.2f, causal %.2f (N >= 1024). Per cell: the "
+                     "median over the runs [lowest-highest] runs under the bar / runs"
+                     % (step, direction, max(len(v) for v in cells.values()), bars[0], bars[1]))
+        lines.append("d   causal " + " ".join("%-27s" % ("N=%d" % n) for n in ns).rstrip())
+        for d, causal in sorted({k[:2] for k in cells}):
+            bar = bars[1] if causal else bars[0]
+            text = []
+            for n in ns:
+                v = cells.get((d, causal, n))
+                if not v:
+                    text.append("%-27s" % "-")
+                    continue
+                med = statistics.median(v)
+                if med < bar:
+                    misses.append((step, direction, d, causal, n, med))
+                text.append("%-27s" % ("%s%.3f [%.3f-%.3f] %d/%d" % (
+                    "*" if med < bar else "", med, min(v), max(v), sum(x < bar for x in v),
+                    len(v))))
+            lines.append("%-3d %-6s " % (d, "yes" if causal else "no") + " ".join(text).rstrip())
+        under = [m for m in misses if m[:2] == (step, direction)]
+        lines.append("%s %s: %d of %d cells under the bar on the median (marked *)%s" % (
+            step, direction, len(under), len(cells), "".join(
+                "; d=%d%s N=%d %.3f" % (m[2], " causal" if m[3] else "", m[4], m[5])
+                for m in under)))
+    return lines, misses
+
+
+def cmd_bars(*paths):
+    lines, _ = bar_table(paths)
+    print("\n".join(lines))
+
+
 def cmd_rounds(path):
     """How far the rounds of each cell lie apart (--rounds; the README, "Burst or sustained"):
     per implementation and direction, the median and largest |round 2 / round 1 - 1|."""
@@ -261,7 +331,7 @@ def main(argv):
         return 2
     cmd, args = argv[1], argv[2:]
     {"chain": cmd_chain, "whatif": cmd_whatif, "ratios": cmd_ratios, "riders": cmd_riders,
-     "agree": cmd_agree, "rounds": cmd_rounds, "regs": cmd_regs}[cmd](*args)
+     "agree": cmd_agree, "bars": cmd_bars, "rounds": cmd_rounds, "regs": cmd_regs}[cmd](*args)
     return 0
 
 

@@ -32,6 +32,18 @@ CHAIN = ["01_naive", "02_tiled_fa1", "03_loop_swap", "04_deferred_rescale", "05_
          "06_causal_skip"]
 
 
+# The speed bars of the issues, against PyTorch FLASH on the same tensors in one compare.py run,
+# at N >= 1024: (step, direction) -> (bar without the mask, bar under causal masking).
+BARS = {("06_causal_skip", "fwd"): (1.05, 1.10), ("07_backward", "bwd"): (1.05, 1.05)}
+
+
+def flash_tflops(rows):
+    """{(direction, d, causal, N): TFLOP/s} of PyTorch FLASH's rows of a compare.py run that
+    ran (an errored row is left out)."""
+    return {(r["direction"], r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r["tflops"]
+            for r in rows if r["impl"] == "sdpa_flash" and not r.get("error") and r.get("tflops")}
+
+
 def load_fwd(path):
     """{(step, d, causal, N): tflops (0 for a failed or errored cell)} and the shapes."""
     rows = [r for r in json.load(open(path))["results"] if r["direction"] == "fwd"]
@@ -161,8 +173,7 @@ def cmd_agree(cmp_path, bench_path):
     bench = {} if bench_path == "-" else {
         (r["step"], r["direction"], r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r
         for r in json.load(open(bench_path))["results"]}
-    flash = {(r["direction"], r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r["tflops"]
-             for r in rows if r["impl"] == "sdpa_flash" and not r.get("error")}
+    flash = flash_tflops(rows)
     print("bench vs compare.py, same step, direction and shape (issue: within 5%); step / FLASH "
           "(06 forward: issue >= 1.05, causal >= 1.1; 07 backward: >= 1.05)")
     print("step                 dir d   causal N      bench ms  compare ms  ratio   vs FLASH")
@@ -212,13 +223,8 @@ def cmd_agree(cmp_path, bench_path):
                   % ((tool, lo[0]) + lo[1][1:] + (hi[0],) + hi[1][1:] + (len(control),)))
     print("06 / FLASH, N >= 1024: " + "; ".join(
         "%s min %.3f at %s (issue: >= %.2f)" % ("causal" if c else "non-causal", min(v)[0],
-                                              min(v)[1], 1.1 if c else 1.05)
+                                              min(v)[1], BARS[("06_causal_skip", "fwd")][c])
         for c, v in sorted(ratios.items())))
-
-
-# The speed bars of the issues, against PyTorch FLASH on the same tensors in one compare.py run,
-# at N >= 1024: (step, direction) -> (bar without the mask, bar under causal masking).
-BARS = {("06_causal_skip", "fwd"): (1.05, 1.10), ("07_backward", "bwd"): (1.05, 1.05)}
 
 
 def bar_ratios(paths):
@@ -228,9 +234,7 @@ def bar_ratios(paths):
     ratios = {}
     for path in paths:
         rows = json.load(open(path))["results"]
-        flash = {(r["direction"], r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r["tflops"]
-                 for r in rows if r["impl"] == "sdpa_flash" and not r.get("error")
-                 and r.get("tflops")}
+        flash = flash_tflops(rows)
         for r in rows:
             key = (r["impl"], r["direction"], r["head_dim"], bool(r["causal"]), r["seqlen_q"])
             f = flash.get(key[1:])

@@ -471,11 +471,11 @@ __device__ __forceinline__ void store_o_and_lse(float (&o_acc)[Tr::kMTiles][Tr::
       float sum = row_sum[mi][h];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
+      const float inv_sum = sum > 0.f ? __fdividef(1.f, sum) : 0.f;  // sum >= 1 (2^0 at the max)
       const int tile_row = warp_row0 + 16 * mi + 8 * h + group;
       const int row = t.q_start + tile_row;
-      if (lse != nullptr && quad == 0 && row < seqlen)
-        lse[row] = sum > 0.f ? row_max[mi][h] * args.scale + logf(sum) : INFINITY;
+      const float l = sum > 0.f ? row_max[mi][h] * args.scale + logf(sum + 1e-30f) : INFINITY;
+      if (lse != nullptr && quad == 0 && row < seqlen) lse[row] = l;
 #pragma unroll
       for (int nd = 0; nd < Tr::kNTilesO; ++nd) {
         const uint32_t packed =

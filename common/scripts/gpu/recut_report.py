@@ -174,8 +174,9 @@ def cmd_agree(cmp_path, bench_path):
         (r["step"], r["direction"], r["head_dim"], bool(r["causal"]), r["seqlen_q"]): r
         for r in json.load(open(bench_path))["results"]}
     flash = flash_tflops(rows)
-    print("bench vs compare.py, same step, direction and shape (issue: within 5%); step / FLASH "
-          "(06 forward: issue >= 1.05, causal >= 1.1; 07 backward: >= 1.05)")
+    fwd, bwd = BARS[("06_causal_skip", "fwd")], BARS[("07_backward", "bwd")]
+    print("bench vs compare.py, same step, direction and shape (issue: within 5%%); step / FLASH "
+          "(06 forward: issue >= %g, causal >= %g; 07 backward: >= %g)" % (fwd + bwd[:1]))
     print("step                 dir d   causal N      bench ms  compare ms  ratio   vs FLASH")
     worst = {}  # (step, direction) -> largest |bench / compare.py - 1|
     for r in rows:

@@ -16,9 +16,9 @@ Usage (on a machine with an sm_80+ GPU, PyTorch and a built libfa):
 For every shape of the sweep (16K tokens: batch = 16384 / seqlen; hidden 2048: heads =
 2048 / head_dim; seqlen 512..16K; head dim 64 and 128; causal off and on; fp16) it makes one
 set of random inputs q, k, v, dO in BSHD layout [B, N, H, d] (as the harness draws them:
-uniform in (-1, 1), plus 0.5 for v and dO; or N(0, 1) with --inputs normal: on the H200
-normal inputs timed up to 5% slower at N = 16384, see common/scripts/gpu/agree.sh) and runs
-on them:
+uniform in (-1, 1), plus 0.5 for v and dO, rounded once from fp32, see draw_input(); or
+N(0, 1) with --inputs normal: on the H200 normal inputs timed up to 5% slower at N = 16384,
+see common/scripts/gpu/agree.sh) and runs on them:
 
 - every landed step of this repository (through the ctypes wrapper, flash_steps), forward,
   and backward for the steps that have one;
@@ -679,6 +679,30 @@ def rotation_sets(kv, l2_bytes):
     return int(min(64, math.ceil(4.0 * l2_bytes / kv)))
 
 
+def draw_input(torch, gen, size, dtype, device, inputs="uniform", offset=0.0,
+               chunk=1 << 28):
+    """One random input tensor as the harness draws it (fa::inputs::value, fa/inputs.h):
+    uniform in (-1, 1) plus `offset`, computed in fp32 and rounded to `dtype` once, so that
+    every mantissa bit is as random as in the bench's inputs; or N(0, 1) (--inputs normal).
+    Drawn `chunk` elements at a time, so that the fp32 draft of a decode shape's K or V (up to
+    tens of GiB) never sits whole beside the tensor.
+
+    Drawn in fp16 arithmetic instead (rand in fp16, * 2 - 1, + 0.5, as compare.py did before),
+    8-12% of the values have their last mantissa bit set (the harness's: 50%), and a value has
+    2.3-2.6 trailing zero mantissa bits on average (the harness's: 1.0): fewer bits toggle in
+    the multipliers. On the H200, at its power cap, 09 and 10 timed 0.8-1.7% faster on such
+    inputs than on the same draw rounded once (the README, "Burst or sustained")."""
+    if inputs != "uniform":
+        return torch.randn(size, generator=gen, device=device, dtype=dtype)
+    out = torch.empty(size, device=device, dtype=dtype)
+    flat = out.view(-1)
+    for start in range(0, flat.numel(), chunk):
+        n = min(chunk, flat.numel() - start)
+        u = torch.rand(n, generator=gen, device=device, dtype=torch.float32)
+        flat[start:start + n] = u.mul_(2).sub_(1).add_(offset)  # exact in fp32; one rounding
+    return out
+
+
 def in_turn(fns):
     """One function that calls fns[0], fns[1], ... in turn, round and round."""
     if len(fns) == 1:
@@ -705,9 +729,7 @@ def measure_shape(torch, fs, args, shape, steps, progress):
     gen = torch.Generator(device=dev)
     gen.manual_seed(shape["seed"])
     def draw(*size, offset=0.0):
-        if args.inputs == "uniform":  # as the harness draws them (fa::input_distribution)
-            return torch.rand(size, generator=gen, device=dev, dtype=dtype) * 2 - 1 + offset
-        return torch.randn(size, generator=gen, device=dev, dtype=dtype)
+        return draw_input(torch, gen, size, dtype, dev, args.inputs, offset)
 
     q = draw(B, N, H, d)
     k = draw(B, Nk, Hkv, d)
@@ -1122,7 +1144,7 @@ def main(argv=None):
                         "steps": steps, "backends": args.backends,
                         "inputs": "q, k, v, dO ~ %s in BSHD; SDPA gets [B, H, N, d] views"
                                   % ("N(0, 1)" if args.inputs == "normal" else
-                                     "U(-1, 1), v and dO + %g" % V_OFFSET),
+                                     "U(-1, 1), v and dO + %g, rounded once from fp32" % V_OFFSET),
                         "reference": "fp32 torch on upcast inputs, slices (b, h) = (0, 0) and "
                                      "(B-1, H-1); bounds of fa::tolerance()",
                         "timing": "CUDA events around each call, calls queued back to back, "

@@ -175,9 +175,10 @@ def cmd_agree(cmp_path, bench_path):
         for r in json.load(open(bench_path))["results"]}
     flash = flash_tflops(rows)
     fwd, bwd = BARS[("06_causal_skip", "fwd")], BARS[("07_backward", "bwd")]
-    print("bench vs compare.py, same step, direction and shape (issue: within 5%%); step / FLASH "
+    print("bench vs compare.py, same step, direction and shape (issue: within 5%%; b/c: bench ms "
+          "over compare.py ms, > 1 where compare.py is the faster); step / FLASH "
           "(06 forward: issue >= %g, causal >= %g; 07 backward: >= %g)" % (fwd + bwd[:1]))
-    print("step                 dir d   causal N      bench ms  compare ms  ratio   vs FLASH")
+    print("step                 dir d   causal N      bench ms  compare ms  b/c     vs FLASH")
     worst = {}  # (step, direction) -> largest |bench / compare.py - 1|
     for r in rows:
         if r.get("kind") != "step" or not r.get("median_ms"):

@@ -448,11 +448,40 @@ class EnergyMeter:
             return None
 
 
+WARMUP_BATCH_MS = 5.0  # fa::kWarmupBatchMs
+WARMUP_MAX_BATCH = 4096  # fa::kWarmupMaxBatch
+
+
+def warmup_batch(call_ms):
+    """How many calls of `call_ms` ms each make a warm-up batch of about WARMUP_BATCH_MS (at
+    least 1, at most WARMUP_MAX_BATCH; call_ms <= 0: the most), as fa::warmup_batch."""
+    if not call_ms > 0:
+        return WARMUP_MAX_BATCH
+    return int(min(max(math.ceil(WARMUP_BATCH_MS / call_ms), 1), WARMUP_MAX_BATCH))
+
+
+def warm_up(fn, sync, warmup, warmup_ms):
+    """time_calls()'s warm-up (fa::time_step's): at least `warmup` calls of fn and more until
+    `warmup_ms` ms have passed, queued back to back in batches of about WARMUP_BATCH_MS and
+    sync() after each batch, so that the host clock measures GPU time. Returns the calls made."""
+    t0 = time.perf_counter()
+    done, batch = 0, max(1, warmup)
+    while done < warmup or 1e3 * (time.perf_counter() - t0) < warmup_ms:
+        b0 = time.perf_counter()
+        for _ in range(batch):
+            fn()
+        sync()
+        done += batch
+        batch = warmup_batch(1e3 * (time.perf_counter() - b0) / batch)
+    return done
+
+
 def time_calls(torch, fn, warmup, repeats, device="cuda", warmup_ms=0.0, meter=None,
                energy_ms=0.0):
-    """Harness timing (fa::time_step): warm-up, at least `warmup` calls and, one after another,
-    for at least `warmup_ms` ms (the GPU in the power and clock state of a sustained load,
-    whatever ran before); then CUDA events around each of `repeats` calls; median, min, max in
+    """Harness timing (fa::time_step): warm-up, at least `warmup` calls and more for at least
+    `warmup_ms` ms (the GPU in the power and clock state of a sustained load, whatever ran
+    before), queued back to back in batches of about WARMUP_BATCH_MS, each synchronized
+    (warmup_batch()); then CUDA events around each of `repeats` calls; median, min, max in
     ms. Calls are queued back to back (one synchronize at the end).
 
     With an EnergyMeter (--energy) the energy counter is also read just before the timed calls
@@ -460,13 +489,7 @@ def time_calls(torch, fn, warmup, repeats, device="cuda", warmup_ms=0.0, meter=N
     synchronize: the timing gains energy_mj_per_call, power_w and energy_calls."""
     if device != "cuda":  # CPU smoke tests: no clocks to settle
         warmup_ms = 0.0
-    t0 = time.perf_counter()
-    i = 0
-    while i < warmup or 1e3 * (time.perf_counter() - t0) < warmup_ms:
-        fn()
-        if warmup_ms > 0:
-            synchronize(torch, device)
-        i += 1
+    warm_up(fn, lambda: synchronize(torch, device), warmup, warmup_ms)
     if meter is not None:
         synchronize(torch, device)  # the warm-up's last calls stay out of the energy interval
         e0, t0 = meter.read(), time.perf_counter()

@@ -184,12 +184,26 @@ CheckResult check_forward_sampled(const std::string& step, DeviceProblem& dp, in
 CheckResult check_backward_sampled(const std::string& step, DeviceProblem& dp, int rows,
                                    uint64_t seed, bool deterministic);
 
+/// The warm-up queues its runs in batches of about this many milliseconds of GPU time, back to
+/// back as the timed runs are, and waits for each batch (time_step()).
+inline constexpr double kWarmupBatchMs = 5.0;
+/// At most this many runs in a warm-up batch.
+inline constexpr int kWarmupMaxBatch = 4096;
+
+/// How many runs of `call_ms` milliseconds each make a warm-up batch of about kWarmupBatchMs
+/// (at least 1, at most kWarmupMaxBatch; call_ms <= 0: the most). One run after another, each
+/// waited for, left the GPU idle between runs for the launch and the synchronization, a few
+/// microseconds from C++ and tens from Python: for a kernel of 0.2 ms the warm-up then drew
+/// less power than the timed runs, which are queued back to back, and the two tools timed
+/// such cells from different clock states (docs/results/README.md, twenty-sixth session).
+int warmup_batch(double call_ms);
+
 /// Median, min and max over `repeats` timed runs, each between two CUDA events and all queued
 /// back to back (one synchronization at the end, as compare.py times PyTorch), after untimed
-/// runs: at least `warmup` of them and, one after another, for at least `warmup_ms`
-/// milliseconds. The time-based warm-up brings the GPU close to the power and clock state of
-/// a sustained load before every measurement, whatever ran (or idled) before it. The H200 of
-/// this project runs these kernels at its power cap (nvidia-smi dmon: 670-700 W, SM clock
+/// runs: at least `warmup` of them and more for at least `warmup_ms` milliseconds, queued in
+/// batches (warmup_batch()). The time-based warm-up brings the GPU close to the power and clock
+/// state of a sustained load before every measurement, whatever ran (or idled) before it. The H200
+/// of this project runs these kernels at its power cap (nvidia-smi dmon: 670-700 W, SM clock
 /// 1680-1980 MHz, power violation most of the time), so a short burst after an idle spell
 /// runs several percent faster than the same burst on a busy GPU. `backward` times
 /// fa_backward (after one forward).

@@ -71,3 +71,39 @@ def test_kernel_env_is_the_harness_list():
     body = src[src.index("RunInfo run_info("):]
     body = body[:body.index("run.command +=")]
     assert tuple(re.findall(r'"(FA_[A-Z0-9_]+)"', body)) == compare.KERNEL_ENV
+
+
+def test_warm_up_queues_its_calls_in_batches():
+    # One call after another, each synchronized, left the GPU idle between calls (tens of us
+    # from Python), so a 0.2 ms kernel warmed up at a lower power than it is timed at (back to
+    # back). The warm-up now synchronizes once per batch of about WARMUP_BATCH_MS.
+    import time
+    calls, syncs = [], []
+
+    def fn():
+        calls.append(time.perf_counter())
+        time.sleep(0.0002)  # a "kernel" of 0.2 ms
+
+    made = compare.warm_up(fn, lambda: syncs.append(len(calls)), warmup=3, warmup_ms=40.0)
+    assert made == len(calls) > 3 * len(syncs)  # many calls a synchronize
+    assert syncs[0] == 3  # the first batch: the `warmup` calls, then one synchronize
+    assert len(syncs) <= 12, syncs  # then batches of ~5 ms: not one synchronize per call
+    assert syncs[-1] == len(calls)  # every call is waited for before the timing starts
+    # Without a time budget: just the `warmup` calls, one batch.
+    calls.clear(), syncs.clear()
+    assert compare.warm_up(fn, lambda: syncs.append(len(calls)), warmup=3, warmup_ms=0) == 3
+    assert syncs == [3]
+
+
+def test_warmup_batch_is_the_harness_rule():
+    assert compare.warmup_batch(0.2) == 25  # 5 ms of 0.2 ms calls
+    assert compare.warmup_batch(0.18) == 28
+    assert compare.warmup_batch(5.0) == 1 and compare.warmup_batch(60.0) == 1
+    assert compare.warmup_batch(0.0) == compare.WARMUP_MAX_BATCH
+    assert compare.warmup_batch(1e-6) == compare.WARMUP_MAX_BATCH
+    # The same constants as fa::kWarmupBatchMs and fa::kWarmupMaxBatch (common/include/fa/harness.h).
+    import re
+    with open(os.path.join(compare.REPO, "common", "include", "fa", "harness.h")) as f:
+        header = f.read()
+    assert float(re.search(r"kWarmupBatchMs = ([0-9.]+);", header).group(1)) == compare.WARMUP_BATCH_MS
+    assert int(re.search(r"kWarmupMaxBatch = ([0-9]+);", header).group(1)) == compare.WARMUP_MAX_BATCH

@@ -629,6 +629,12 @@ CheckResult check_backward_sampled(const std::string& step, DeviceProblem& dp, i
   return result;
 }
 
+int warmup_batch(double call_ms) {
+  if (!(call_ms > 0)) return kWarmupMaxBatch;
+  return static_cast<int>(
+      std::clamp(std::ceil(kWarmupBatchMs / call_ms), 1.0, static_cast<double>(kWarmupMaxBatch)));
+}
+
 Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool deterministic,
                  int warmup, int repeats, int warmup_ms) {
   const fa_fwd_args fwd = dp.forward_args();
@@ -642,17 +648,21 @@ Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool
                                   : fa_forward(step.c_str(), &fwd, nullptr);
     if (st != FA_OK) throw std::runtime_error(fa_last_error());
   };
-  // Warm-up: `warmup` runs, then more until warmup_ms have passed (each one waited for, so
-  // that the host clock measures GPU time, not how fast launches queue up).
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto elapsed_ms = [&] {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  // Warm-up: `warmup` runs, then more until warmup_ms have passed. They are queued back to
+  // back in batches, as the timed runs are, and each batch is waited for, so that the host
+  // clock measures GPU time, not how fast launches queue up (warmup_batch()).
+  const auto now = [] { return std::chrono::steady_clock::now(); };
+  const auto ms_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
   };
-  for (int i = 0; i < warmup || elapsed_ms() < warmup_ms; ++i) {
-    run_once();
-    if (warmup_ms > 0) cuda_check(cudaDeviceSynchronize(), "warm-up");
+  const auto t0 = now();
+  for (int done = 0, batch = std::max(1, warmup); done < warmup || ms_since(t0) < warmup_ms;) {
+    const auto b0 = now();
+    for (int i = 0; i < batch; ++i) run_once();
+    cuda_check(cudaDeviceSynchronize(), "warm-up");
+    done += batch;
+    batch = warmup_batch(ms_since(b0) / batch);
   }
-  cuda_check(cudaDeviceSynchronize(), "warm-up");
   if (repeats <= 0) return Timing{};  // heat(): the warm-up alone
   std::vector<cudaEvent_t> events(2 * static_cast<size_t>(repeats));
   for (cudaEvent_t& e : events) cuda_check(cudaEventCreate(&e), "cudaEventCreate");

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "fa/flops.h"
+#include "fa/harness.h"
 #include "fa/report.h"
 
 namespace fa {
@@ -143,6 +144,19 @@ TEST(Report, TimingOfSortsAndTakesTheMedian) {
   EXPECT_DOUBLE_EQ(t.max_ms, 10.0);
   EXPECT_TRUE(t.round_median_ms.empty());
   EXPECT_EQ(timing_of({}).repeats, 0);
+}
+
+TEST(Report, WarmupBatchesAreAboutFiveMilliseconds) {
+  // time_step() queues its warm-up in batches of about kWarmupBatchMs, waited for after each:
+  // one run after another, each waited for, warmed a 0.2 ms kernel at a lower power than the
+  // back-to-back timed runs (docs/results/README.md, twenty-sixth session).
+  EXPECT_EQ(warmup_batch(0.2), 25);
+  EXPECT_EQ(warmup_batch(0.18), 28);
+  EXPECT_EQ(warmup_batch(5.0), 1);
+  EXPECT_EQ(warmup_batch(60.0), 1);
+  EXPECT_EQ(warmup_batch(0.0), kWarmupMaxBatch);
+  EXPECT_EQ(warmup_batch(1e-6), kWarmupMaxBatch);
+  EXPECT_EQ(warmup_batch(std::numeric_limits<double>::quiet_NaN()), kWarmupMaxBatch);
 }
 
 TEST(Report, PoolRoundsTakesTheMedianOfEveryRun) {

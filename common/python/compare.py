@@ -33,8 +33,8 @@ harness's per-dtype bounds (fa::tolerance() in common/src/host/metrics.cpp), and
 output on the whole tensor.
 
 Timing: the harness's method: CUDA events around each call, warm-up runs (at least --warmup,
-and for at least --warmup-ms, 250 ms: the GPU in a sustained load's clock state, see the
-README's "Burst or sustained"; the first measurement of a shape warms up for at least
+and for at least --warmup-ms, 250 ms, queued back to back in batches of about 5 ms: the GPU in
+a sustained load's clock state, see the README's "Burst or sustained"; the first measurement of a shape warms up for at least
 --heat-ms, 2000 ms, as the bench does, since the GPU idled while the shape's inputs and
 reference were made), the median of the timed repeats, and the spread
 (max - min) / median. The calls are queued back to back so

@@ -210,7 +210,7 @@ int warmup_batch(double call_ms);
 Timing time_step(const std::string& step, DeviceProblem& dp, bool backward, bool deterministic,
                  int warmup, int repeats, int warmup_ms = 0);
 
-/// Runs `step` untimed, one run after another, for at least `ms` milliseconds (time_step()'s
+/// Runs `step` untimed, back to back in batches, for at least `ms` milliseconds (time_step()'s
 /// warm-up alone). The bench calls it before the first timed cell of every shape
 /// (`--heat-ms`): the GPU idles through the host-side checks of the shape before, and under
 /// the H200's power cap it takes about 2 s of load to reach the clocks of a sustained one,

@@ -1171,8 +1171,9 @@ def main(argv=None):
                         "reference": "fp32 torch on upcast inputs, slices (b, h) = (0, 0) and "
                                      "(B-1, H-1); bounds of fa::tolerance()",
                         "timing": "CUDA events around each call, calls queued back to back, "
-                                  "median of the repeats after the warm-up, pooled over the "
-                                  "rounds (every other round in reverse order)"},
+                                  "median of the repeats after the warm-up (queued in batches "
+                                  "of ~%g ms), pooled over the rounds (every other round in "
+                                  "reverse order)" % WARMUP_BATCH_MS},
            "complete": False, "results": []}
     if args.energy:  # only then: without --energy the JSON is what it was before the flag
         args.meter = EnergyMeter(torch, args.device)

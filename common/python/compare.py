@@ -34,9 +34,9 @@ output on the whole tensor.
 
 Timing: the harness's method: CUDA events around each call, warm-up runs (at least --warmup,
 and for at least --warmup-ms, 250 ms, queued back to back in batches of about 5 ms: the GPU in
-a sustained load's clock state, see the README's "Burst or sustained"; the first measurement of a shape warms up for at least
---heat-ms, 2000 ms, as the bench does, since the GPU idled while the shape's inputs and
-reference were made), the median of the timed repeats, and the spread
+a sustained load's clock state, see the README's "Burst or sustained"; the first measurement
+of a shape warms up for at least --heat-ms, 2000 ms, as the bench does, since the GPU idled
+while the shape's inputs and reference were made), the median of the timed repeats, and the spread
 (max - min) / median. The calls are queued back to back so
 that Python's launch overhead (a few microseconds that the C++ harness does not have) is
 hidden behind the GPU work instead of being timed. TFLOP/s use the harness's FLOP counts:

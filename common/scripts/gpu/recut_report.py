@@ -14,7 +14,9 @@
     recut_report.py bars RUN.json [RUN.json ...]   issues 13 and 14's speed bars over several compare.py
                                                    runs: per cell, the median over the runs of 06's
                                                    forward and 07's backward over FLASH's, its range,
-                                                   and in how many runs it was under its bar
+                                                   and in how many runs it was under its bar; a
+                                                   warning first where the runs mix the warm-ups
+                                                   (one by one before cd5a5c4, batched since)
     recut_report.py rounds RUN.json                how far apart each cell's rounds lie (--rounds), per
                                                    step and direction: the precision of its figures
     recut_report.py regs BUILD.log                 registers and spills per kernel, from ptxas -v
@@ -247,10 +249,23 @@ def bar_ratios(paths):
     return ratios
 
 
+def warmup_of(path):
+    """Which warm-up a compare.py run had: "batched" (since cd5a5c4: its settings' timing names
+    the batches) or "one by one" (each warm-up run waited for, before cd5a5c4). The two time
+    short cells from different clock states (the README, "Burst or sustained")."""
+    timing = json.load(open(path)).get("settings", {}).get("timing", "")
+    return "batched" if "batches" in timing else "one by one"
+
+
 def bar_table(paths):
     """The lines that cmd_bars prints, and the cells under their bar on the median."""
     ratios = bar_ratios(paths)
     lines, misses = [], []
+    kinds = sorted({warmup_of(p) for p in paths})
+    if len(kinds) > 1:
+        lines.append("warning: these runs mix the warm-ups (%s); a short cell times from another "
+                     "clock state under each, so judge each kind on its own" % ", ".join(
+                         "%d %s" % (sum(warmup_of(p) == k for p in paths), k) for k in kinds))
     for step, direction in sorted({k[:2] for k in ratios}):
         cells = {k[2:]: v for k, v in ratios.items() if k[:2] == (step, direction)}
         ns = sorted({k[2] for k in cells})

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "gpu"))
 import recut_report  # noqa: E402
 
 
-def run_file(folder, name, ratio, passed=True, flash_error=False):
+def run_file(folder, name, ratio, passed=True, flash_error=False, timing=None):
     """One compare.py JSON: 06 forward and 07 backward at ratio(d, causal, N) x FLASH, N 512
     (below the bars' range) to 4096."""
     rows = []
@@ -30,7 +30,7 @@ def run_file(folder, name, ratio, passed=True, flash_error=False):
                                      tflops=100.0 * ratio(d, causal, n), passed=passed))
     path = os.path.join(folder, name)
     with open(path, "w") as f:
-        json.dump({"results": rows}, f)
+        json.dump({"results": rows, "settings": {"timing": timing} if timing else {}}, f)
     return path
 
 
@@ -68,9 +68,23 @@ def check_failed_check_is_a_miss_and_missing_flash_is_left_out(folder):
     assert "/2" not in "\n".join(lines) and "0/1" in "\n".join(lines), lines
 
 
+def check_mixed_warm_ups_are_named(folder):
+    # Runs from before cd5a5c4 (no batches in their timing setting) and after it: one warning
+    # line that counts each kind; runs of one kind alone: none.
+    batched = "median of the repeats after the warm-up (queued in batches of ~5 ms)"
+    old = [run_file(folder, "o%d.json" % k, lambda d, causal, n: 1.2) for k in range(2)]
+    new = [run_file(folder, "n.json", lambda d, causal, n: 1.2, timing=batched)]
+    lines, _ = recut_report.bar_table(old + new)
+    assert lines[0].startswith("warning: these runs mix the warm-ups (1 batched, 2 one by one)"), lines
+    for paths in (old, new):
+        lines, _ = recut_report.bar_table(paths)
+        assert not any(line.startswith("warning") for line in lines), lines
+
+
 def main():
     checks = [check_median_range_and_runs_under, check_bars_differ_by_mask_and_direction,
-              check_failed_check_is_a_miss_and_missing_flash_is_left_out]
+              check_failed_check_is_a_miss_and_missing_flash_is_left_out,
+              check_mixed_warm_ups_are_named]
     for check in checks:
         with tempfile.TemporaryDirectory() as folder:
             try:

@@ -714,7 +714,7 @@ def draw_input(torch, gen, size, dtype, device, inputs="uniform", offset=0.0,
     8-12% of the values have their last mantissa bit set (the harness's: 50%), and a value has
     2.3-2.6 trailing zero mantissa bits on average (the harness's: 1.0): fewer bits toggle in
     the multipliers. On the H200, at its power cap, 09 and 10 timed 1.0-1.7% faster on such
-    inputs than on the same draw rounded once (the README, "Rounds")."""
+    inputs than on the same draw rounded once (docs/measuring.md, "Rounds")."""
     if inputs != "uniform":
         return torch.randn(size, generator=gen, device=device, dtype=dtype)
     out = torch.empty(size, device=device, dtype=dtype)

@@ -261,11 +261,11 @@ def bar_table(paths):
     """The lines that cmd_bars prints, and the cells under their bar on the median."""
     ratios = bar_ratios(paths)
     lines, misses = [], []
-    kinds = sorted({warmup_of(p) for p in paths})
-    if len(kinds) > 1:
+    kinds = [warmup_of(p) for p in paths]
+    if len(set(kinds)) > 1:
         lines.append("warning: these runs mix the warm-ups (%s); a short cell times from another "
                      "clock state under each, so judge each kind on its own" % ", ".join(
-                         "%d %s" % (sum(warmup_of(p) == k for p in paths), k) for k in kinds))
+                         "%d %s" % (kinds.count(k), k) for k in sorted(set(kinds))))
     for step, direction in sorted({k[:2] for k in ratios}):
         cells = {k[2:]: v for k, v in ratios.items() if k[:2] == (step, direction)}
         ns = sorted({k[2] for k in cells})
